@@ -1,0 +1,125 @@
+// strata's configuration: a JSON document with DeepSpeed's keys where they mean the
+// same thing, and strata's own settings under "strata".
+//
+// Contract:
+//  - ParseConfig validates everything: an unknown key, a wrong type or an impossible
+//    value is InvalidArgument naming the key path and what is accepted, e.g.
+//      zero_optimization.offload_optimizer.device: expected one of none|cpu|nvme, got "gpu"
+//  - A DeepSpeed key whose feature strata does not implement yet is rejected as
+//    "not supported yet" (never accepted and ignored). docs/config.md lists every key.
+//  - Byte sizes accept a number or a string with a unit ("64MiB", "1.5GB", 2e9).
+//  - Config is a plain value; thread-safe to read.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/status.h"
+
+namespace strata {
+
+enum class OffloadDevice { kNone, kCpu, kNvme };
+std::string_view OffloadDeviceName(OffloadDevice d);
+
+struct OffloadConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::vector<std::string> nvme_path;  // one path per NVMe device; blocks stripe across them
+  bool pin_memory = true;
+  int buffer_count = 0;       // 0: derived by the engine (DeepSpeed's knob; accepted as an upper bound)
+  uint64_t buffer_size = 0;   // offload_param only; 0: derived
+  bool pipeline_read = true;  // offload_optimizer only
+  bool pipeline_write = true; // offload_optimizer only
+};
+
+struct ZeroConfig {
+  int stage = 0;
+  OffloadConfig offload_optimizer;
+  OffloadConfig offload_param;
+  uint64_t reduce_bucket_size = 500'000'000;
+  uint64_t allgather_bucket_size = 500'000'000;
+  bool overlap_comm = true;
+  uint64_t stage3_prefetch_bucket_size = 0;   // 0: derived from measured bandwidths
+  uint64_t stage3_max_live_parameters = 0;    // 0: bounded by the device budget only
+  uint64_t stage3_max_reuse_distance = 1'000'000'000;
+  uint64_t stage3_param_persistence_threshold = 0;
+  uint64_t sub_group_size = 1'000'000'000;
+};
+
+struct AioConfig {
+  uint64_t block_size = 1 * 1024 * 1024;
+  int queue_depth = 32;
+  int intra_op_parallelism = 1;  // I/O threads, one ring each
+  bool single_submit = false;
+  bool overlap_events = true;
+};
+
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0;  // 0: dynamic
+  int initial_scale_power = 16;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  double min_loss_scale = 1;
+};
+
+enum class OptimizerType { kAdamW, kAdam };
+
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::kAdamW;
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
+enum class DeviceKind { kAuto, kSim, kCuda };
+std::string_view DeviceKindName(DeviceKind k);
+enum class IoBackendKind { kAuto, kIoUring, kPsync };
+std::string_view IoBackendKindName(IoBackendKind k);
+
+// strata's own settings (the "strata" key).
+struct StrataConfig {
+  DeviceKind device = DeviceKind::kAuto;
+  int device_index = 0;
+  uint64_t device_budget = 0;  // 0: the device's free memory (sim: 8 GiB)
+  uint64_t host_budget = 0;    // 0: derived from memlock limit and free memory
+  uint64_t nvme_budget = 0;    // 0: free space on the swap paths
+  uint64_t chunk_size = 64ull << 20;
+  std::vector<std::string> swap_paths;  // default: offload nvme_path, else ./strata-swap
+  std::string trace_file;               // Chrome trace (Perfetto) output, "" = none
+  IoBackendKind io_backend = IoBackendKind::kAuto;
+  bool io_sqpoll = false;
+  bool checksum = true;
+  bool overlap = true;
+  double collective_timeout_s = 300;
+};
+
+struct Config {
+  ZeroConfig zero;
+  AioConfig aio;
+  bool bf16 = false;
+  Fp16Config fp16;
+  double gradient_clipping = 0;  // 0: off
+  int gradient_accumulation_steps = 1;
+  int train_micro_batch_size_per_gpu = 1;
+  int train_batch_size = 0;  // 0: micro batch x accumulation x world size
+  OptimizerConfig optimizer;
+  StrataConfig strata;
+  uint64_t seed = 1234;
+};
+
+// Parses and validates a configuration document.
+Result<Config> ParseConfig(const nlohmann::json& doc);
+Result<Config> ParseConfigText(std::string_view json_text);
+// Reads a file; a missing file is NotFound naming the path, bad JSON is
+// InvalidArgument with line and column.
+Result<Config> LoadConfigFile(const std::string& path);
+// The canonical JSON form of a config (every key, defaults filled in). Used for the
+// cross-rank consistency hash and for `strata info --json`.
+nlohmann::json ConfigToJson(const Config& config);
+
+}  // namespace strata

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs every test: the normal build (with CUDA where the toolkit
+# is installed, so GPU code always compiles), then once more under AddressSanitizer
+# and UndefinedBehaviorSanitizer. GPU tests skip with a message where no GPU is
+# present; ctest reports them as skipped, not passed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+jobs=$(nproc)
+
+echo "== build (release, CUDA=${STRATA_CUDA:-AUTO})"
+scripts/build.sh build -DSTRATA_CUDA="${STRATA_CUDA:-AUTO}"
+echo "== tests"
+(cd build && ctest --output-on-failure -j "$jobs" --timeout 600)
+
+if [[ "${STRATA_SKIP_SANITIZE:-0}" != 1 ]]; then
+  echo "== build (AddressSanitizer + UBSan)"
+  scripts/build.sh build-asan -DSTRATA_SANITIZE=ON -DSTRATA_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF \
+    -DCMAKE_BUILD_TYPE=Debug
+  echo "== tests under sanitizers"
+  # LeakSanitizer cannot trace through MPI's own allocations; leaks are checked on
+  # the non-MPI tests only.
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+     ctest --output-on-failure -j "$jobs" --timeout 900 -LE mpi)
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --timeout 900 -L mpi)
+fi
+echo "== all tests passed"

@@ -1,0 +1,25 @@
+// Subcommands of the `strata` binary. Each Add* registers one subcommand (its flags
+// and its callback) on the given parent; callbacks throw CliError on failure so that
+// main() prints the Status and exits non-zero.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <stdexcept>
+
+#include "strata/status.h"
+
+namespace strata::cli {
+
+// Thrown from a subcommand callback; main() prints status and returns 1.
+struct CliError : std::runtime_error {
+  explicit CliError(Status s) : std::runtime_error(s.ToString()), status(std::move(s)) {}
+  Status status;
+};
+inline void ThrowIfError(const Status& s) {
+  if (!s.ok()) throw CliError(s);
+}
+
+void AddInfoCommand(CLI::App& app);
+void AddBenchPcieCommand(CLI::App& bench);
+
+}  // namespace strata::cli

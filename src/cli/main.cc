@@ -1,0 +1,24 @@
+// `strata`: one binary, subcommands (info, bench ..., later train and ckpt).
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "strata/log.h"
+
+int main(int argc, char** argv) {
+  strata::InitLoggingFromEnv();
+  CLI::App app{"strata: ZeRO training with tiered GPU / pinned host / NVMe memory"};
+  app.require_subcommand(1);
+  strata::cli::AddInfoCommand(app);
+  CLI::App* bench = app.add_subcommand("bench", "offload-bandwidth benchmarks, each figure beside its limit");
+  bench->require_subcommand(1);
+  strata::cli::AddBenchPcieCommand(*bench);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const strata::cli::CliError& e) {
+    std::fprintf(stderr, "strata: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
