@@ -1,0 +1,129 @@
+// The pinned host arena: one block of page-locked host memory per process, allocated
+// and touched once at start, from which the tier manager and the I/O engine take their
+// buffers. No allocation per transfer, no bounce buffer per call.
+//
+// How it is pinned (HostArenaOptions::pinning):
+//  - cuda: cudaHostAlloc (portable), where this binary has CUDA and a GPU is present;
+//    the GPU's copy engines then DMA from it directly.
+//  - mlock: mmap + madvise(MADV_HUGEPAGE) + mlock elsewhere.
+// Either way the memory is bound to a NUMA node (hwloc; normally the node of the GPU it
+// serves) and every page is touched at creation, so nothing faults later.
+//
+// The memlock limit (`ulimit -l`, RLIMIT_MEMLOCK) is checked before anything is
+// allocated, unless the process holds CAP_IPC_LOCK: mlock() needs it, and so does
+// registering the arena with io_uring as fixed buffers (which the I/O engine does with
+// base()/size()), on either pinning. Too low a limit is ResourceExhausted saying how to
+// raise it or to lower strata.host_budget.
+//
+// Sub-allocation: blocks are 4 KiB aligned (O_DIRECT) and sized in multiples of 4 KiB.
+// A block no larger than segment_bytes() never crosses a segment boundary, so the I/O
+// engine can register each segment as one io_uring fixed buffer (the kernel limits a
+// registered buffer to 1 GiB) and address a block as (segment, offset).
+//
+// Threads: Allocate, Free and the accessors may be called from any thread.
+// Ownership: the arena owns the memory; blocks are views into it, valid until Free()
+// or the arena's destruction. Destroying an arena with blocks still allocated is
+// allowed (the memory goes away with it).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "strata/status.h"
+#include "strata/topology.h"
+
+namespace strata {
+
+inline constexpr uint64_t kHostBlockAlignment = 4096;
+
+enum class HostPinning { kAuto, kCuda, kMlock };
+// "auto", "cudaHostAlloc", "mlock".
+std::string_view HostPinningName(HostPinning p);
+
+struct HostArenaOptions {
+  uint64_t bytes = 0;       // > 0; rounded up to 2 MiB (one huge page)
+  int numa_node = -1;       // OS index of the node to bind to; -1: no binding
+  HostPinning pinning = HostPinning::kAuto;  // auto: cuda where a GPU is present, else mlock
+  bool huge_pages = true;   // madvise(MADV_HUGEPAGE) on the mlock path
+  uint64_t segment_bytes = 1ull << 30;  // see the header comment; a multiple of 4 KiB
+  // The limit to check against instead of QueryMemlockLimit() (tests).
+  std::optional<MemlockLimit> memlock;
+};
+
+// A piece of the arena. `offset` is from base(); `size` is what was asked, rounded up
+// to 4 KiB.
+struct HostBlock {
+  void* data = nullptr;
+  uint64_t size = 0;
+  uint64_t offset = 0;
+  explicit operator bool() const { return data != nullptr; }
+};
+
+class HostArena {
+ public:
+  // Allocates, binds, touches and pins the arena. Errors: InvalidArgument (bytes == 0,
+  // a bad segment size, a NUMA node that does not exist), ResourceExhausted (the
+  // memlock limit, mmap or mlock refused, cudaHostAlloc out of memory), Unavailable
+  // (pinning kCuda asked where CUDA or a GPU is missing).
+  static Result<std::unique_ptr<HostArena>> Create(const HostArenaOptions& options);
+  ~HostArena();
+  HostArena(const HostArena&) = delete;
+  HostArena& operator=(const HostArena&) = delete;
+
+  void* base() const { return base_; }
+  uint64_t size() const { return size_; }
+  uint64_t segment_bytes() const { return segment_bytes_; }
+  HostPinning pinning() const { return pinning_; }  // kCuda or kMlock, never kAuto
+  int numa_node() const { return numa_node_; }      // -1 when unbound
+  // Whether the memory was bound to numa_node() (false when binding was refused,
+  // which is logged, or not asked for).
+  bool numa_bound() const { return numa_bound_; }
+  bool huge_pages() const { return huge_pages_; }   // MADV_HUGEPAGE was accepted
+
+  // Takes `bytes` (> 0) from the arena (best fit). Over what is free (or too
+  // fragmented) it is OutOfBudget naming the request, the arena size, what is
+  // allocated and the largest free block.
+  Result<HostBlock> Allocate(uint64_t bytes);
+  // Returns a block. A block not from this arena, or freed twice, aborts.
+  void Free(const HostBlock& block);
+
+  uint64_t allocated() const;
+  uint64_t high_water() const;
+  uint64_t largest_free() const;
+  // True when [p, p + bytes) lies inside the arena.
+  bool Contains(const void* p, uint64_t bytes) const;
+
+ private:
+  HostArena() = default;
+  void* base_ = nullptr;
+  uint64_t size_ = 0;
+  uint64_t mapped_ = 0;  // mlock path: the mmap length
+  uint64_t segment_bytes_ = 0;
+  HostPinning pinning_ = HostPinning::kMlock;
+  int numa_node_ = -1;
+  bool numa_bound_ = false;
+  bool huge_pages_ = false;
+
+  mutable std::mutex mu_;
+  std::map<uint64_t, uint64_t> free_;  // offset -> length, coalesced
+  std::map<uint64_t, uint64_t> used_;  // offset -> length
+  uint64_t allocated_ = 0;
+  uint64_t high_water_ = 0;
+};
+
+// OK when `bytes` may be locked under `limit`; otherwise ResourceExhausted naming the
+// request and the limit and how to raise it (`ulimit -l unlimited`,
+// /etc/security/limits.conf memlock, docker --ulimit memlock=-1) or to lower
+// strata.host_budget.
+Status CheckMemlock(uint64_t bytes, const MemlockLimit& limit);
+
+// The arena size for a host budget: `host_budget` itself when non-zero; otherwise
+// the smaller of what the memlock limit allows and half of the machine's memory.
+uint64_t DefaultHostArenaBytes(uint64_t host_budget, const Topology& topology);
+
+}  // namespace strata

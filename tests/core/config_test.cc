@@ -1,0 +1,172 @@
+#include "strata/config.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace strata {
+namespace {
+
+// Parses `text`, expects InvalidArgument whose message contains every fragment.
+void ExpectError(const std::string& text, std::initializer_list<std::string> fragments) {
+  auto r = ParseConfigText(text);
+  ASSERT_FALSE(r.ok()) << "accepted: " << text;
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  for (const auto& f : fragments) {
+    EXPECT_NE(r.status().message().find(f), std::string::npos)
+        << "message \"" << r.status().message() << "\" lacks \"" << f << "\"";
+  }
+}
+
+TEST(Config, DefaultsFromEmptyObject) {
+  auto c = ParseConfigText("{}");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->zero.stage, 0);
+  EXPECT_EQ(c->zero.offload_optimizer.device, OffloadDevice::kNone);
+  EXPECT_EQ(c->aio.block_size, 1u << 20);
+  EXPECT_EQ(c->aio.queue_depth, 32);
+  EXPECT_EQ(c->strata.chunk_size, 64u << 20);
+  EXPECT_EQ(c->optimizer.type, OptimizerType::kAdamW);
+  EXPECT_TRUE(c->strata.checksum);
+  EXPECT_TRUE(c->strata.overlap);
+}
+
+TEST(Config, DeepSpeedInfinityConfigMeansTheSame) {
+  const char* text = R"({
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 2,
+    "gradient_clipping": 1.0,
+    "steps_per_print": 10,
+    "bf16": {"enabled": true},
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+    "zero_optimization": {
+      "stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme", "pin_memory": true,
+                            "buffer_count": 4, "pipeline_read": false, "pipeline_write": true},
+      "offload_param": {"device": "nvme", "nvme_path": ["/nvme0", "/nvme1"], "buffer_count": 5,
+                        "buffer_size": 1e8},
+      "overlap_comm": true, "contiguous_gradients": true,
+      "reduce_bucket_size": 5e8, "stage3_prefetch_bucket_size": "64MiB",
+      "stage3_max_live_parameters": 1e9, "stage3_param_persistence_threshold": 1e6,
+      "sub_group_size": 1e9
+    },
+    "aio": {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
+            "single_submit": false, "overlap_events": true},
+    "strata": {"device": "sim", "device_budget": "2GiB", "host_budget": "4GiB", "chunk_size": "16MiB",
+               "io_backend": "psync", "trace_file": "trace.json"}
+  })";
+  auto c = ParseConfigText(text);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->zero.stage, 3);
+  EXPECT_EQ(c->zero.offload_optimizer.device, OffloadDevice::kNvme);
+  EXPECT_EQ(c->zero.offload_optimizer.nvme_path, std::vector<std::string>{"/local_nvme"});
+  EXPECT_FALSE(c->zero.offload_optimizer.pipeline_read);
+  EXPECT_EQ(c->zero.offload_param.nvme_path.size(), 2u);
+  EXPECT_EQ(c->zero.offload_param.buffer_size, 100'000'000u);
+  EXPECT_EQ(c->zero.stage3_prefetch_bucket_size, 64u << 20);
+  EXPECT_EQ(c->zero.reduce_bucket_size, 500'000'000u);
+  EXPECT_EQ(c->aio.queue_depth, 8);
+  EXPECT_TRUE(c->bf16);
+  EXPECT_DOUBLE_EQ(c->optimizer.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(c->gradient_clipping, 1.0);
+  EXPECT_EQ(c->gradient_accumulation_steps, 2);
+  EXPECT_EQ(c->strata.device, DeviceKind::kSim);
+  EXPECT_EQ(c->strata.device_budget, 2ull << 30);
+  EXPECT_EQ(c->strata.chunk_size, 16u << 20);
+  EXPECT_EQ(c->strata.io_backend, IoBackendKind::kPsync);
+}
+
+TEST(Config, UnknownKeysNameTheirPath) {
+  ExpectError(R"({"zero_optimisation": {}})", {"zero_optimisation", "unknown key"});
+  ExpectError(R"({"zero_optimization": {"stagee": 2}})", {"zero_optimization.stagee", "unknown key"});
+  ExpectError(R"({"zero_optimization": {"offload_optimizer": {"devic": "cpu"}}})",
+              {"zero_optimization.offload_optimizer.devic"});
+  ExpectError(R"({"strata": {"budget": 1}})", {"strata.budget"});
+  ExpectError(R"({"optimizer": {"params": {"learning_rate": 1}}})", {"optimizer.params.learning_rate"});
+}
+
+TEST(Config, WrongTypesAndValues) {
+  ExpectError(R"({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}})",
+              {"zero_optimization.offload_optimizer.device: expected one of none|cpu|nvme, got \"gpu\""});
+  ExpectError(R"({"zero_optimization": {"stage": 4}})", {"zero_optimization.stage", "[0, 3]", "4"});
+  ExpectError(R"({"zero_optimization": {"stage": "3"}})", {"zero_optimization.stage", "integer"});
+  ExpectError(R"({"zero_optimization": {"stage": 2.5}})", {"zero_optimization.stage"});
+  ExpectError(R"({"zero_optimization": {"overlap_comm": 1}})", {"overlap_comm", "true or false"});
+  ExpectError(R"({"zero_optimization": {"reduce_bucket_size": -1}})", {"reduce_bucket_size"});
+  ExpectError(R"({"zero_optimization": {"reduce_bucket_size": "lots"}})", {"reduce_bucket_size", "lots"});
+  ExpectError(R"({"zero_optimization": []})", {"zero_optimization", "an object"});
+  ExpectError(R"({"aio": {"block_size": 1000}})", {"aio.block_size", "4096"});
+  ExpectError(R"({"aio": {"queue_depth": 0}})", {"aio.queue_depth"});
+  ExpectError(R"({"optimizer": {"type": "SGD"}})", {"optimizer.type", "AdamW|Adam", "SGD"});
+  ExpectError(R"({"optimizer": {"params": {"betas": [0.9]}}})", {"optimizer.params.betas", "two numbers"});
+  ExpectError(R"({"optimizer": {"params": {"betas": [0.9, 1.0]}}})", {"optimizer.params.betas", "[0, 1)"});
+  ExpectError(R"({"optimizer": {"params": {"lr": -1}}})", {"optimizer.params.lr"});
+  ExpectError(R"({"fp16": {"enabled": true, "hysteresis": 0}})", {"fp16.hysteresis"});
+  ExpectError(R"({"gradient_accumulation_steps": 0})", {"gradient_accumulation_steps"});
+  ExpectError(R"({"gradient_clipping": "1"})", {"gradient_clipping", "a number"});
+  ExpectError(R"({"strata": {"device": "tpu"}})", {"strata.device", "auto|sim|cuda", "tpu"});
+  ExpectError(R"({"strata": {"chunk_size": "1000"}})", {"strata.chunk_size", "4 KiB"});
+  ExpectError(R"({"strata": {"swap_paths": [1]}})", {"strata.swap_paths", "paths"});
+  ExpectError(R"({"strata": {"io_backend": "libaio"}})", {"strata.io_backend", "io_uring|psync"});
+  ExpectError(R"([1, 2])", {"JSON object"});
+}
+
+TEST(Config, CrossKeyRules) {
+  ExpectError(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})",
+              {"offload_param.device", "stage 3", "got stage 2"});
+  ExpectError(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})",
+              {"offload_optimizer.nvme_path", "required"});
+  ExpectError(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})", {"bf16", "fp16"});
+}
+
+TEST(Config, NotYetSupportedKeysAreRejectedNotIgnored) {
+  ExpectError(R"({"scheduler": {"type": "WarmupLR"}})", {"scheduler", "not supported yet"});
+  ExpectError(R"({"zero_optimization": {"zero_quantized_weights": true}})",
+              {"zero_quantized_weights", "not supported yet"});
+  ExpectError(R"({"zero_optimization": {"reduce_scatter": false}})", {"reduce_scatter", "not supported yet"});
+  ExpectError(R"({"aio": {"use_gds": true}})", {"aio.use_gds", "not supported yet"});
+  ExpectError(R"({"optimizer": {"params": {"amsgrad": true}}})", {"amsgrad", "not supported yet"});
+}
+
+TEST(Config, BadJsonReportsPosition) {
+  auto r = ParseConfigText(R"({"zero_optimization": {"stage": 3,}})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("not valid JSON"), std::string::npos);
+  EXPECT_NE(r.status().message().find("line 1"), std::string::npos);
+}
+
+TEST(Config, LoadFile) {
+  EXPECT_EQ(LoadConfigFile("/nonexistent/strata.json").status().code(), StatusCode::kNotFound);
+  std::string path = ::testing::TempDir() + "/strata_config_test.json";
+  {
+    std::ofstream(path) << R"({"zero_optimization": {"stage": 2}})";
+  }
+  auto c = LoadConfigFile(path);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->zero.stage, 2);
+  {
+    std::ofstream(path) << R"({"zero_optimization": {"stage": 9}})";
+  }
+  auto bad = LoadConfigFile(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find(path), std::string::npos) << "error names the file";
+  std::remove(path.c_str());
+}
+
+TEST(Config, RoundTripsThroughCanonicalJson) {
+  auto c = ParseConfigText(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}},
+                                "fp16": {"enabled": true, "initial_scale_power": 12},
+                                "strata": {"swap_paths": ["/a", "/b"], "overlap": false}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  nlohmann::json j = ConfigToJson(*c);
+  auto again = ParseConfig(j);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(ConfigToJson(*again), j);
+  EXPECT_EQ(again->fp16.initial_scale_power, 12);
+  EXPECT_FALSE(again->strata.overlap);
+  EXPECT_EQ(again->zero.offload_param.device, OffloadDevice::kCpu);
+}
+
+}  // namespace
+}  // namespace strata
