@@ -113,8 +113,13 @@ class Device {
   // pinned (HostArena) or pageable; on cuda a pageable copy is staged by the driver and
   // is slower. Both buffers must stay valid and untouched until the copy completes
   // (observe it with an event or Synchronize). bytes == 0 enqueues nothing.
-  virtual Status CopyAsync(StreamId stream, void* dst, const void* src, uint64_t bytes,
-                           CopyDir dir) = 0;
+  virtual Status CopyAsync(StreamId stream, void* dst, const void* src, uint64_t bytes, CopyDir dir) = 0;
+
+  // A plain synchronous copy on the calling thread, outside every stream: cudaMemcpy on
+  // cuda, memcpy on sim. For reference measurements (the limit beside `strata bench
+  // pcie`'s figures) and one-off set-up copies, not for the transfer path. The same
+  // argument checks as CopyAsync; a copy error is returned directly.
+  virtual Status CopySync(void* dst, const void* src, uint64_t bytes, CopyDir dir) = 0;
 
   // Enqueues host work that runs in stream order, after everything enqueued before it
   // and before everything enqueued after it. sim: it runs on the stream's worker thread

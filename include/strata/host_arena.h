@@ -10,10 +10,11 @@
 // serves) and every page is touched at creation, so nothing faults later.
 //
 // The memlock limit (`ulimit -l`, RLIMIT_MEMLOCK) is checked before anything is
-// allocated, unless the process holds CAP_IPC_LOCK: mlock() needs it, and so does
+// allocated, unless the process holds CAP_IPC_LOCK. With mlock pinning too low a limit
+// is ResourceExhausted saying how to raise it or to lower strata.host_budget. With cuda
+// pinning (the driver pins without the limit) it is a logged warning, since
 // registering the arena with io_uring as fixed buffers (which the I/O engine does with
-// base()/size()), on either pinning. Too low a limit is ResourceExhausted saying how to
-// raise it or to lower strata.host_budget.
+// base()/size()) counts against the limit and will then be refused.
 //
 // Sub-allocation: blocks are 4 KiB aligned (O_DIRECT) and sized in multiples of 4 KiB.
 // A block no larger than segment_bytes() never crosses a segment boundary, so the I/O
@@ -46,11 +47,11 @@ enum class HostPinning { kAuto, kCuda, kMlock };
 std::string_view HostPinningName(HostPinning p);
 
 struct HostArenaOptions {
-  uint64_t bytes = 0;       // > 0; rounded up to 2 MiB (one huge page)
-  int numa_node = -1;       // OS index of the node to bind to; -1: no binding
+  uint64_t bytes = 0;                        // > 0; rounded up to 2 MiB (one huge page)
+  int numa_node = -1;                        // OS index of the node to bind to; -1: no binding
   HostPinning pinning = HostPinning::kAuto;  // auto: cuda where a GPU is present, else mlock
-  bool huge_pages = true;   // madvise(MADV_HUGEPAGE) on the mlock path
-  uint64_t segment_bytes = 1ull << 30;  // see the header comment; a multiple of 4 KiB
+  bool huge_pages = true;                    // madvise(MADV_HUGEPAGE) on the mlock path
+  uint64_t segment_bytes = 1ull << 30;       // see the header comment; a multiple of 4 KiB
   // The limit to check against instead of QueryMemlockLimit() (tests).
   std::optional<MemlockLimit> memlock;
 };
@@ -83,7 +84,7 @@ class HostArena {
   // Whether the memory was bound to numa_node() (false when binding was refused,
   // which is logged, or not asked for).
   bool numa_bound() const { return numa_bound_; }
-  bool huge_pages() const { return huge_pages_; }   // MADV_HUGEPAGE was accepted
+  bool huge_pages() const { return huge_pages_; }  // MADV_HUGEPAGE was accepted
 
   // Takes `bytes` (> 0) from the arena (best fit). Over what is free (or too
   // fragmented) it is OutOfBudget naming the request, the arena size, what is

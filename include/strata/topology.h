@@ -22,25 +22,25 @@
 namespace strata {
 
 struct NumaNode {
-  int os_index = 0;            // the kernel's node number (numactl's)
-  uint64_t memory_bytes = 0;   // local memory
-  std::vector<int> cpus;       // OS indices of the PUs (hardware threads) of this node
-  std::string cpuset;          // the same as a list, e.g. "0-15,32-47"
+  int os_index = 0;           // the kernel's node number (numactl's)
+  uint64_t memory_bytes = 0;  // local memory
+  std::vector<int> cpus;      // OS indices of the PUs (hardware threads) of this node
+  std::string cpuset;         // the same as a list, e.g. "0-15,32-47"
 };
 
 struct CacheLevel {
-  int level = 0;             // 1, 2, 3
-  std::string type;          // "data", "instruction", "unified"
-  uint64_t size_bytes = 0;   // of one cache at this level
-  int count = 0;             // how many of them
+  int level = 0;            // 1, 2, 3
+  std::string type;         // "data", "instruction", "unified"
+  uint64_t size_bytes = 0;  // of one cache at this level
+  int count = 0;            // how many of them
 };
 
 struct PciGpu {
-  std::string pci_bus_id;    // "0000:17:00.0" (lower-case hex, as cudaDeviceGetPCIBusId)
-  std::string name;          // hwloc's name where known ("" otherwise)
+  std::string pci_bus_id;  // "0000:17:00.0" (lower-case hex, as cudaDeviceGetPCIBusId)
+  std::string name;        // hwloc's name where known ("" otherwise)
   uint16_t vendor_id = 0;
   uint16_t device_id = 0;
-  int numa_node = -1;        // OS index of the nearest NUMA node; -1 when unknown
+  int numa_node = -1;  // OS index of the nearest NUMA node; -1 when unknown
 };
 
 struct HugePages {
@@ -53,20 +53,20 @@ struct HugePages {
 // RLIMIT_MEMLOCK (`ulimit -l`) and whether this process may ignore it (CAP_IPC_LOCK).
 // mlock() and io_uring buffer registration count against it unless cap_ipc_lock.
 struct MemlockLimit {
-  bool unlimited = false;        // soft limit is RLIM_INFINITY
-  uint64_t soft_bytes = 0;       // meaningful when !unlimited
-  uint64_t hard_bytes = 0;       // UINT64_MAX when the hard limit is unlimited
-  bool cap_ipc_lock = false;     // the effective capability set holds CAP_IPC_LOCK
+  bool unlimited = false;     // soft limit is RLIM_INFINITY
+  uint64_t soft_bytes = 0;    // meaningful when !unlimited
+  uint64_t hard_bytes = 0;    // UINT64_MAX when the hard limit is unlimited
+  bool cap_ipc_lock = false;  // the effective capability set holds CAP_IPC_LOCK
   // The bytes this process may lock: UINT64_MAX when unlimited or cap_ipc_lock.
   uint64_t lockable_bytes() const;
 };
 
 struct Topology {
-  std::string source;          // "hwloc" or the XML file's path
-  std::string cpu_model;       // "" when hwloc does not know it
+  std::string source;     // "hwloc" or the XML file's path
+  std::string cpu_model;  // "" when hwloc does not know it
   int packages = 0;
-  int cores = 0;               // physical cores
-  int pus = 0;                 // hardware threads
+  int cores = 0;  // physical cores
+  int pus = 0;    // hardware threads
   uint64_t total_memory_bytes = 0;
   std::vector<NumaNode> numa_nodes;  // sorted by os_index; at least one
   std::vector<CacheLevel> caches;    // sorted by level, then type
@@ -94,19 +94,28 @@ HugePages QueryHugePages();
 // getrlimit(RLIMIT_MEMLOCK) and CAP_IPC_LOCK from /proc/self/status.
 MemlockLimit QueryMemlockLimit();
 
+// NUMA memory binding (hwloc), for the pinned host arena and I/O buffers.
+// Binds [addr, addr + bytes) to NUMA node `numa_node` (OS index); call it before the
+// memory is touched. InvalidArgument for a node this machine does not have;
+// Unavailable when the OS refuses (no NUMA support, seccomp), with errno's text.
+Status BindMemoryToNumaNode(void* addr, uint64_t bytes, int numa_node);
+// Sets the calling thread's memory policy to `numa_node` (numa_node >= 0) or back to
+// the default (-1): for memory whose pages another library touches (cudaHostAlloc).
+Status BindThreadMemoryToNumaNode(int numa_node);
+
 // The block device that holds a path (a file or a directory, which must exist).
 struct BlockDevice {
-  std::string path;            // the path asked about
-  std::string fs_type;         // "ext4", "xfs", "overlay", "tmpfs" ... (from mountinfo)
-  uint32_t major = 0, minor = 0;  // st_dev of the path
-  bool has_device = false;     // false for tmpfs, overlay and other virtual file systems
-  std::string name;            // kernel name of the device: "nvme0n1p2", "vda", "dm-0"
-  std::string disk;            // the whole disk it belongs to: "nvme0n1", "vda"
-  bool is_nvme = false;        // the disk is an NVMe namespace
-  bool rotational = false;     // queue/rotational
-  std::string model;           // device/model, trimmed ("" when absent)
-  uint32_t logical_block_size = 0;   // queue/logical_block_size (O_DIRECT alignment)
-  int numa_node = -1;          // device/numa_node where the kernel knows it
+  std::string path;                 // the path asked about
+  std::string fs_type;              // "ext4", "xfs", "overlay", "tmpfs" ... (from mountinfo)
+  uint32_t major = 0, minor = 0;    // st_dev of the path
+  bool has_device = false;          // false for tmpfs, overlay and other virtual file systems
+  std::string name;                 // kernel name of the device: "nvme0n1p2", "vda", "dm-0"
+  std::string disk;                 // the whole disk it belongs to: "nvme0n1", "vda"
+  bool is_nvme = false;             // the disk is an NVMe namespace
+  bool rotational = false;          // queue/rotational
+  std::string model;                // device/model, trimmed ("" when absent)
+  uint32_t logical_block_size = 0;  // queue/logical_block_size (O_DIRECT alignment)
+  int numa_node = -1;               // device/numa_node where the kernel knows it
   // For device-mapper / md devices, the disks underneath (each described as above,
   // without further nesting); empty otherwise.
   std::vector<std::string> slaves;

@@ -20,6 +20,12 @@ inline void ThrowIfError(const Status& s) {
 }
 
 void AddInfoCommand(CLI::App& app);
+void AddTrainCommand(CLI::App& app);
+void AddBenchStepCommand(CLI::App& bench);
 void AddBenchPcieCommand(CLI::App& bench);
+void AddBenchAdamCommand(CLI::App& bench);
+void AddBenchIoCommand(CLI::App& bench);
+void AddBenchCommCommand(CLI::App& bench);
+void AddBenchSwapCommand(CLI::App& bench);
 
 }  // namespace strata::cli

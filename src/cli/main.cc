@@ -9,9 +9,15 @@ int main(int argc, char** argv) {
   CLI::App app{"strata: ZeRO training with tiered GPU / pinned host / NVMe memory"};
   app.require_subcommand(1);
   strata::cli::AddInfoCommand(app);
+  strata::cli::AddTrainCommand(app);
   CLI::App* bench = app.add_subcommand("bench", "offload-bandwidth benchmarks, each figure beside its limit");
   bench->require_subcommand(1);
   strata::cli::AddBenchPcieCommand(*bench);
+  strata::cli::AddBenchAdamCommand(*bench);
+  strata::cli::AddBenchIoCommand(*bench);
+  strata::cli::AddBenchCommCommand(*bench);
+  strata::cli::AddBenchStepCommand(*bench);
+  strata::cli::AddBenchSwapCommand(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,161 @@
+// The ZeRO engine: owns a model's 16-bit compute parameters, fp32 master parameters,
+// Adam state and gradients, shards them across ranks (stages 0-3) and tiers each rank's
+// shards over device, pinned host and NVMe memory (offload_optimizer, offload_param).
+//
+// Usage (one engine per rank, every rank the same calls in the same order):
+//   auto engine = Engine::Create(config, modules, init, {.world = comm, .device = dev});
+//   for each step:
+//     for each micro-batch (gradient_accumulation_steps of them):
+//       model.ForwardBackward(batch, normaliser, *engine);   // calls the hooks below
+//     auto result = engine->Step();
+//
+// Layout: tensors are laid out in module order in one flat parameter space cut into
+// chunks of equal size (strata.chunk_size bytes of fp32 parameters, raised to the
+// largest tensor, rounded to world size x 2048 elements so every shard of every plane
+// is 4 KiB aligned for O_DIRECT). A tensor never spans two chunks. Each rank owns the
+// shard [rank * S, (rank + 1) * S) of every chunk (S = chunk elements / world size).
+//
+// Stages (DeepSpeed's meaning):
+//   0: replicas; gradients all-reduced; every rank steps every parameter.
+//   1: optimizer state sharded; gradients all-reduced; each rank steps its shards,
+//      then the 16-bit parameters are all-gathered.
+//   2: gradients sharded too (reduce-scatter), as stage 1 otherwise.
+//   3: 16-bit parameters sharded too: a module's chunks are all-gathered before its
+//      forward and backward and released after.
+// Where each rank's shards live:
+//   offload_optimizer none: master, m, v and gradient shards on the device, the step
+//     on the device (sim: the CPU Adam on the device's compute stream; cuda: GPU Adam).
+//   offload_optimizer cpu: master, m, v, gradients in pinned host memory; CPU Adam.
+//   offload_optimizer nvme: master, m, v on NVMe (two slots each, see below);
+//     gradients in pinned host memory; each chunk's state is read, stepped and written
+//     back through a pool of pinned buffers sized by the engine from the host budget.
+//   offload_param (stage 3 only): the 16-bit shards on host or NVMe between uses.
+// Budgets (strata.device_budget / host_budget / nvme_budget) bound every tier: Create
+// refuses (OutOfBudget) a configuration whose fixed needs do not fit, naming what it
+// needs and what it has; high-water marks are reported in StepResult.
+//
+// Step semantics (the serial definition; the overlapped schedule must equal it):
+//   g = sum over ranks and micro-batches of the gradients (the model divides by the
+//       global batch); fp16: overflow anywhere -> step skipped on every rank, the loss
+//       scale backs off (DeepSpeed's dynamic loss scaling);
+//   norm = ||g / loss_scale||_2 over all shards; clip = max_norm / (norm + 1e-6) when
+//       gradient_clipping > 0 and that is < 1, else 1 (DeepSpeed's rule);
+//   Adam/AdamW on every owned shard with grad_scale = clip / loss_scale;
+//   the updated fp32 master rounded to the compute dtype is what the next forward sees.
+// Overlap (strata.overlap, default true): a chunk's optimizer step starts as soon as its
+// gradient shard is final during the last micro-batch's backward, speculatively with
+// clip = 1; Step() commits it when the global norm and overflow flag allow, otherwise
+// discards it and steps that chunk again with the right scale. NVMe state is written to
+// the block's other slot, so a discarded step costs no extra read.
+//
+// Threads: the hooks and Step() are called from one thread (the training loop). The
+// engine runs its own threads for collectives, copies, I/O and the CPU optimizer.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/comm.h"
+#include "strata/config.h"
+#include "strata/device.h"
+#include "strata/model.h"
+#include "strata/mlp.h"
+#include "strata/status.h"
+
+namespace strata {
+
+class HostArena;
+class Timeline;
+
+// Writes elements [begin, begin + count) of tensor `tensor` of module `module` in fp32.
+// Called by Create for the shards this rank owns (and, stages 0-2, the full copy).
+using ParamInit = std::function<void(int module, int tensor, int64_t begin, int64_t count, float* out)>;
+
+struct EngineResources {
+  Communicator* world = nullptr;  // required; host (MPI) collectives and bootstrap
+  Device* device = nullptr;       // required
+  // Optional; the engine makes its own from strata.host_budget when null.
+  HostArena* host_arena = nullptr;
+  // Optional; records compute, collectives, copies, I/O and optimizer work.
+  Timeline* timeline = nullptr;
+};
+
+// Where the time of a step went, in seconds of wall time on the calling thread, and
+// what moved. busy_* count work on the engine's own lanes (they overlap with the rest).
+struct StepResult {
+  bool skipped = false;       // fp16 overflow: no update
+  double loss_scale = 1;      // the scale used by this step's backward
+  double grad_norm = 0;       // ||g / loss_scale||, after reduction, before clipping
+  double clip_coef = 1;
+  int speculative_steps = 0;  // chunks stepped during backward
+  int redone_steps = 0;       // of those, stepped again (clipping engaged / overflow)
+  double step_wait_s = 0;     // time Step() spent waiting for work still in flight
+  double optimizer_busy_s = 0;
+  double comm_busy_s = 0;
+  double io_busy_s = 0;
+  uint64_t bytes_nvme_read = 0, bytes_nvme_written = 0;
+  uint64_t bytes_h2d = 0, bytes_d2h = 0;
+  uint64_t bytes_comm = 0;
+  uint64_t device_high_water = 0, host_high_water = 0;
+};
+
+struct EngineLayoutInfo {
+  int64_t num_params = 0;     // real parameters
+  int64_t chunk_elems = 0;
+  int num_chunks = 0;
+  int64_t shard_elems = 0;    // per chunk, per rank
+  uint64_t device_need = 0;   // bytes the engine must hold on the device (fixed part)
+  uint64_t host_need = 0;
+  uint64_t nvme_need = 0;
+};
+
+class Engine : public model::MlpHooks {
+ public:
+  // Lays out the modules, checks budgets, allocates every tier and initialises the
+  // parameters with `init`. Collective over resources.world (all ranks call it with
+  // the same config and modules; a mismatch is InvalidArgument naming the first
+  // differing key). Errors: InvalidArgument (config/layout), OutOfBudget (a tier that
+  // cannot hold what the configuration needs), Unavailable (missing device or MPI),
+  // IoError/ResourceExhausted (swap files).
+  static Result<std::unique_ptr<Engine>> Create(const Config& config, std::vector<model::ModuleSpec> modules,
+                                                const ParamInit& init, const EngineResources& resources);
+  ~Engine() override;
+
+  // --- hooks the model calls (model::MlpHooks) ---
+  // Before: the module's full compute parameters are on the device; the pointers stay
+  // valid until the matching After hook. Backward also hands out the gradient buffers
+  // (fp32, overwritten by the model). After backward, the module's gradients are
+  // reduced (asynchronously) into the gradient shards.
+  Result<model::ModuleParams> BeforeForward(int module) override;
+  Status AfterForward(int module) override;
+  Result<model::ModuleBackward> BeforeBackward(int module) override;
+  Status AfterBackward(int module) override;
+
+  // Marks the start of a micro-batch (the training loop calls it before each forward).
+  // The engine counts micro-batches to know which one is the last before Step().
+  Status BeginMicroBatch();
+  // Ends the accumulation window: waits for gradient reduction, computes the global
+  // norm and overflow, runs (or commits) the optimizer on every owned shard and puts
+  // the updated compute parameters where the next forward needs them.
+  Result<StepResult> Step();
+
+  // The loss scale the model must multiply its loss by (1 unless fp16).
+  double loss_scale() const;
+  DType compute_dtype() const;
+  const EngineLayoutInfo& layout_info() const;
+
+  // Copies the full fp32 master parameters (gathered from all ranks, every tier) of
+  // module `module`, tensor `tensor` into `out`. Collective over the world.
+  Status GatherMaster(int module, int tensor, std::vector<float>* out);
+
+  struct Impl;
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata

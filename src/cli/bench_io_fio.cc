@@ -1,0 +1,104 @@
+// fio as the reference for `strata bench io`: same files, block size, queue depth and
+// O_DIRECT, with io_uring, fixed buffers and registered files (fio's fastest setup).
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/bench_io.h"
+
+namespace strata::cli::benchio {
+
+const char* ModeName(Mode m) {
+  switch (m) {
+    case Mode::kSeqRead: return "seqread";
+    case Mode::kSeqWrite: return "seqwrite";
+    case Mode::kRandRead: return "randread";
+    case Mode::kRandWrite: return "randwrite";
+  }
+  return "?";
+}
+
+namespace {
+
+const char* FioRw(Mode m) {
+  switch (m) {
+    case Mode::kSeqRead: return "read";
+    case Mode::kSeqWrite: return "write";
+    case Mode::kRandRead: return "randread";
+    case Mode::kRandWrite: return "randwrite";
+  }
+  return "read";
+}
+
+// Runs a command, returning its stdout; `rc` gets the exit status.
+std::string Capture(const std::string& cmd, int* rc) {
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) {
+    *rc = -1;
+    return out;
+  }
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int st = ::pclose(p);
+  *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+}  // namespace
+
+std::string FioVersion() {
+  int rc = 0;
+  std::string v = Capture("fio --version 2>/dev/null", &rc);
+  if (rc != 0) return "";
+  while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
+  return v;
+}
+
+Figures RunFio(const FioJob& job) {
+  Figures f;
+  std::string files;
+  for (const auto& p : job.files) {
+    if (!files.empty()) files += ':';
+    for (char c : p) {
+      if (c == ':') files += '\\';  // fio's escape for ':' in a file name
+      files += c;
+    }
+  }
+  std::string cmd = "fio --name=strata-ref --output-format=json --ioengine=io_uring --fixedbufs=1 "
+                    "--registerfiles=1 --direct=1 --lat_percentiles=1 --thread=1 --numjobs=1 --allow_file_create=0 --rw=" +
+                    std::string(FioRw(job.mode)) + " --bs=" + std::to_string(job.bs) +
+                    " --iodepth=" + std::to_string(job.qd) +
+                    " --size=" + std::to_string(job.size * job.files.size()) + " --filename='" + files +
+                    "' 2>&1";
+  int rc = 0;
+  std::string out = Capture(cmd, &rc);
+  size_t brace = out.find('{');
+  if (rc != 0 || brace == std::string::npos) {
+    f.error = "fio failed (exit " + std::to_string(rc) + "): " + out.substr(0, 300);
+    return f;
+  }
+  try {
+    auto doc = nlohmann::json::parse(out.substr(brace));
+    const auto& j = doc.at("jobs").at(0);
+    const auto& side = j.at(IsWrite(job.mode) ? "write" : "read");
+    f.bytes_per_s = side.at("bw_bytes").get<double>();
+    // Total latency (submission to completion), as strata measures it.
+    const auto& lat = side.contains("lat_ns") && side.at("lat_ns").contains("percentile") ? side.at("lat_ns")
+                                                                                           : side.at("clat_ns");
+    const auto& pct = lat.at("percentile");
+    f.p50_us = pct.at("50.000000").get<double>() / 1e3;
+    f.p99_us = pct.at("99.000000").get<double>() / 1e3;
+    f.cpu_pct = j.at("usr_cpu").get<double>() + j.at("sys_cpu").get<double>();
+    f.ran = true;
+  } catch (const std::exception& e) {
+    f.error = std::string("could not parse fio's JSON: ") + e.what();
+  }
+  return f;
+}
+
+}  // namespace strata::cli::benchio

@@ -1,0 +1,310 @@
+#include "comm/mpi_communicator.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "comm/mpi_util.h"
+#include "strata/log.h"
+#include "strata/units.h"
+
+namespace strata::comm {
+namespace {
+
+double NowS() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string Describe(std::string_view op, DType dtype, size_t count) {
+  std::ostringstream s;
+  s << op << " " << DTypeName(dtype) << " x" << count << " (" << FormatBytes(count * DTypeSize(dtype)) << ")";
+  return s.str();
+}
+
+Status CheckBuffers(const void* a, const void* b, size_t count, std::string_view op) {
+  if (count > 0 && (a == nullptr || b == nullptr)) {
+    return InvalidArgumentError(std::string(op) + ": null buffer with count " + std::to_string(count));
+  }
+  return OkStatus();
+}
+
+void FreeAligned(std::byte* p) { std::free(p); }
+
+}  // namespace
+
+// ---- MpiContext ----
+
+Status MpiContext::WaitAll(std::vector<MPI_Request>& reqs, size_t n_recv) {
+  if (reqs.empty()) return OkStatus();
+  int spins = 0;
+  for (;;) {
+    int done = 0;
+    int rc = MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Testall");
+    if (done) return OkStatus();
+    if (++spins < 64) continue;
+    spins = 0;
+    if (NowS() > deadline_s) {
+      Abandon(reqs, n_recv);
+      return on_deadline ? on_deadline() : DeadlineExceededError("collective timed out");
+    }
+    std::this_thread::yield();  // ranks may outnumber cores (mpirun --oversubscribe)
+  }
+}
+
+void MpiContext::Abandon(std::vector<MPI_Request>& reqs, size_t n_recv) {
+  for (size_t i = 0; i < n_recv && i < reqs.size(); ++i) {
+    if (reqs[i] == MPI_REQUEST_NULL) continue;
+    if (MPI_Cancel(&reqs[i]) == MPI_SUCCESS) MPI_Request_free(&reqs[i]);
+  }
+  reqs.clear();  // the sends (and collective requests) are abandoned on purpose
+}
+
+std::byte* MpiContext::Staging(size_t bytes) {
+  if (bytes > staging_bytes_) {
+    size_t rounded = (bytes + 4095) / 4096 * 4096;
+    auto* p = static_cast<std::byte*>(std::aligned_alloc(64, rounded));
+    STRATA_CHECK_MSG(p != nullptr, "out of memory for collective staging");
+    std::memset(p, 0, rounded);  // first touch now, not inside a timed collective
+    staging_ = decltype(staging_)(p, FreeAligned);
+    staging_bytes_ = rounded;
+  }
+  return staging_.get();
+}
+
+// ---- Op ----
+
+class MpiCommunicator::Op final : public comm_internal::PendingOp {
+ public:
+  Op(uint64_t seq, std::string what, std::function<Status(MpiContext&)> fn)
+      : seq(seq), what(std::move(what)), fn(std::move(fn)) {}
+  Status Wait() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    return status_;
+  }
+  Result<bool> Test() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_) return false;
+    if (!status_.ok()) return status_;
+    return true;
+  }
+  void Complete(Status s) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      status_ = std::move(s);
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+  const uint64_t seq;
+  const std::string what;
+  std::function<Status(MpiContext&)> fn;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  Status status_;
+};
+
+// ---- MpiCommunicator ----
+
+Result<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm, const CommOptions& options) {
+  if (!(options.collective_timeout_s > 0)) {
+    return InvalidArgumentError("communicator '" + options.name + "': collective_timeout_s must be > 0");
+  }
+  STRATA_MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  int rank = 0, size = 0;
+  STRATA_MPI_RETURN_IF_ERROR(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  STRATA_MPI_RETURN_IF_ERROR(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  std::unique_ptr<MpiCommunicator> c(new MpiCommunicator(comm, rank, size, options));
+  if (size > 1) {
+    STRATA_RETURN_IF_ERROR(c->board_.Init(comm).WithContext("communicator '" + options.name + "'"));
+    c->worker_ = std::thread([p = c.get()] { p->WorkerLoop(); });
+  }
+  return c;
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, int rank, int size, const CommOptions& options)
+    : comm_(comm), rank_(rank), size_(size), options_(options) {
+  ctx_.comm = comm;
+  ctx_.rank = rank;
+  ctx_.size = size;
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  if (!WorldInitialized()) return;  // destroyed after FinalizeWorld: MPI objects died with it
+  board_.Free();
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+CommHandle MpiCommunicator::Submit(std::string what, std::function<Status(MpiContext&)> fn) {
+  if (size_ == 1) {  // nothing to wait for: run inline, in issue order by construction
+    ctx_.deadline_s = NowS() + options_.collective_timeout_s;
+    return CommHandle::Done(fn(ctx_));
+  }
+  std::shared_ptr<Op> op;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    op = std::make_shared<Op>(++issued_, std::move(what), std::move(fn));
+    queue_.push_back(op);
+  }
+  cv_.notify_one();
+  return CommHandle(op);
+}
+
+void MpiCommunicator::WorkerLoop() {
+  for (;;) {
+    std::shared_ptr<Op> op;
+    Status failed;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      op = std::move(queue_.front());
+      queue_.pop_front();
+      failed = failed_;
+    }
+    if (!failed.ok()) {
+      op->Complete(AbortedError("collective #" + std::to_string(op->seq) + " " + op->what + " on communicator '" +
+                                options_.name + "' not run: the communicator failed earlier: " + failed.ToString()));
+      continue;
+    }
+    board_.Enter(op->seq, op->what);
+    ctx_.tag = static_cast<int>(op->seq & 0x7fff);
+    ctx_.deadline_s = NowS() + options_.collective_timeout_s;
+    ctx_.on_deadline = [this, &op] { return Watchdog(op->seq, op->what); };
+    Status s = op->fn(ctx_);
+    ctx_.on_deadline = nullptr;
+    if (s.ok()) {
+      board_.Finish(op->seq);
+    } else if (s.code() != StatusCode::kInvalidArgument) {
+      std::lock_guard<std::mutex> lock(mu_);
+      failed_ = s;
+    }
+    op->fn = nullptr;
+    op->Complete(std::move(s));
+  }
+}
+
+Status MpiCommunicator::Watchdog(uint64_t seq, const std::string& what) {
+  std::ostringstream m;
+  m << "watchdog: collective #" << seq << " " << what << " on communicator '" << options_.name << "' (rank " << rank_
+    << " of " << size_ << ") has not finished after " << options_.collective_timeout_s
+    << " s (strata.collective_timeout_s). What each rank last entered:" << board_.Report()
+    << "\nThis communicator is now failed: the collective's MPI receives were cancelled and its sends abandoned; "
+       "end the job (a rank that never entered #"
+    << seq << " is the one to look at).";
+  STRATA_LOG(kError, "comm") << m.str();
+  return DeadlineExceededError(m.str());
+}
+
+CommHandle MpiCommunicator::AllGather(const void* send, void* recv, size_t count_per_rank, DType dtype) {
+  Status s = CheckBuffers(send, recv, count_per_rank, "AllGather");
+  if (!s.ok()) return CommHandle::Done(s);
+  return Submit(Describe("AllGather", dtype, count_per_rank * static_cast<size_t>(size_)),
+                [=](MpiContext& ctx) { return DirectAllGather(ctx, send, recv, count_per_rank, dtype); });
+}
+
+CommHandle MpiCommunicator::ReduceScatter(const void* send, void* recv, size_t count_per_rank, DType dtype,
+                                          ReduceOp op) {
+  Status s = CheckBuffers(send, recv, count_per_rank, "ReduceScatter");
+  if (!s.ok()) return CommHandle::Done(s);
+  return Submit(Describe("ReduceScatter", dtype, count_per_rank * static_cast<size_t>(size_)),
+                [=](MpiContext& ctx) {
+                  std::vector<size_t> offset(static_cast<size_t>(ctx.size)),
+                      length(static_cast<size_t>(ctx.size), count_per_rank);
+                  for (size_t r = 0; r < offset.size(); ++r) offset[r] = r * count_per_rank;
+                  return DirectReduceScatterV(ctx, send, recv, offset, length, dtype, op);
+                });
+}
+
+CommHandle MpiCommunicator::AllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+  Status s = CheckBuffers(send, recv, count, "AllReduce");
+  if (!s.ok()) return CommHandle::Done(s);
+  return Submit(Describe("AllReduce", dtype, count), [=](MpiContext& ctx) -> Status {
+    const size_t p = static_cast<size_t>(ctx.size);
+    std::vector<size_t> offset(p), length(p);
+    for (size_t r = 0, off = 0; r < p; ++r) {
+      length[r] = count / p + (r < count % p ? 1 : 0);
+      offset[r] = off;
+      off += length[r];
+    }
+    const size_t ds = DTypeSize(dtype);
+    void* mine = static_cast<std::byte*>(recv) + offset[static_cast<size_t>(ctx.rank)] * ds;
+    STRATA_RETURN_IF_ERROR(DirectReduceScatterV(ctx, send, mine, offset, length, dtype, op));
+    return DirectAllGatherV(ctx, recv, offset, length, dtype);
+  });
+}
+
+CommHandle MpiCommunicator::Broadcast(void* buf, size_t count, DType dtype, int root) {
+  if (root < 0 || root >= size_) {
+    return CommHandle::Done(InvalidArgumentError("Broadcast: root " + std::to_string(root) + " is not a rank of '" +
+                                                 options_.name + "' (size " + std::to_string(size_) + ")"));
+  }
+  Status s = CheckBuffers(buf, buf, count, "Broadcast");
+  if (!s.ok()) return CommHandle::Done(s);
+  return Submit(Describe("Broadcast", dtype, count) + " root " + std::to_string(root),
+                [=](MpiContext& ctx) -> Status {
+                  if (ctx.size == 1) return OkStatus();
+                  const size_t bytes = count * DTypeSize(dtype);
+                  constexpr size_t kMax = size_t{1} << 30;
+                  std::vector<MPI_Request> reqs;
+                  for (size_t off = 0; off < bytes; off += kMax) {
+                    reqs.push_back(MPI_REQUEST_NULL);
+                    STRATA_MPI_RETURN_IF_ERROR(
+                        MPI_Ibcast(static_cast<std::byte*>(buf) + off, static_cast<int>(std::min(kMax, bytes - off)),
+                                   MPI_BYTE, root, ctx.comm, &reqs.back()),
+                        "MPI_Ibcast");
+                  }
+                  return ctx.WaitAll(reqs, 0);
+                });
+}
+
+CommHandle MpiCommunicator::Barrier() {
+  return Submit("Barrier", [](MpiContext& ctx) -> Status {
+    if (ctx.size == 1) return OkStatus();
+    std::vector<MPI_Request> reqs(1, MPI_REQUEST_NULL);
+    STRATA_MPI_RETURN_IF_ERROR(MPI_Ibarrier(ctx.comm, &reqs[0]), "MPI_Ibarrier");
+    return ctx.WaitAll(reqs, 0);
+  });
+}
+
+Result<std::unique_ptr<Communicator>> MpiCommunicator::Split(int colour, int key) {
+  std::unique_ptr<Communicator> child;
+  CommOptions child_options = options_;
+  child_options.name = options_.name + "/" + std::to_string(colour);
+  CommHandle h = Submit("Split colour " + std::to_string(colour), [&](MpiContext& ctx) -> Status {
+    MPI_Comm sub = MPI_COMM_NULL;
+    STRATA_MPI_RETURN_IF_ERROR(MPI_Comm_split(ctx.comm, colour < 0 ? MPI_UNDEFINED : colour, key, &sub),
+                               "MPI_Comm_split");
+    if (sub == MPI_COMM_NULL) return OkStatus();
+    STRATA_ASSIGN_OR_RETURN(child, Create(sub, child_options));
+    return OkStatus();
+  });
+  STRATA_RETURN_IF_ERROR(h.Wait());
+  return child;
+}
+
+Result<void*> MpiCommunicator::AllocateBuffer(size_t bytes) {
+  void* p = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
+  if (p == nullptr) return ResourceExhaustedError("communicator buffer of " + FormatBytes(bytes) + ": out of memory");
+  return p;
+}
+
+void MpiCommunicator::FreeBuffer(void* p) { std::free(p); }
+
+Status MpiCommunicator::CopyBuffer(void* dst, const void* src, size_t bytes) {
+  if (bytes != 0 && dst != src) std::memmove(dst, src, bytes);
+  return OkStatus();
+}
+
+}  // namespace strata::comm

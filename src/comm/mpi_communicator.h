@@ -1,0 +1,108 @@
+// The host (MPI) Communicator. Each communicator owns a dup'd MPI communicator and
+// one worker thread that runs its collectives in issue order, so MPI calls on one
+// MPI communicator never race and the caller's thread is free to compute. The worker
+// drives point-to-point requests itself (MPI_Testall polling), which is what lets it
+// enforce the watchdog deadline. World size 1 runs inline, without a worker.
+#pragma once
+
+#include <mpi.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/watch_board.h"
+#include "strata/comm.h"
+
+namespace strata::comm {
+
+// Per-operation state the algorithms use (on the worker thread).
+class MpiContext {
+ public:
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  int size = 1;
+  int tag = 0;
+  // Waits for `reqs` (the first `n_recv` of them are receives), polling MPI; past the
+  // deadline it cancels the receives, abandons the rest and returns DeadlineExceeded.
+  Status WaitAll(std::vector<MPI_Request>& reqs, size_t n_recv);
+  // Gives up on requests after a failure elsewhere: cancels and frees the receives,
+  // leaves the rest (MPI cannot take back a send that may have matched).
+  void Abandon(std::vector<MPI_Request>& reqs, size_t n_recv);
+  // Reused receive staging, grown (never shrunk) on demand; 64-byte aligned.
+  std::byte* Staging(size_t bytes);
+
+  std::function<Status()> on_deadline;  // builds the watchdog Status (set by the worker)
+  double deadline_s = 0;                // steady-clock seconds
+
+ private:
+  std::unique_ptr<std::byte[], void (*)(std::byte*)> staging_{nullptr, nullptr};
+  size_t staging_bytes_ = 0;
+};
+
+// Algorithms (mpi_algorithms.cc). Counts are elements of `dtype`.
+Status DirectAllGather(MpiContext& ctx, const void* send, void* recv, size_t count_per_rank, DType dtype);
+// Ranks' blocks may differ in length: block r is [offset[r], offset[r] + length[r]).
+Status DirectAllGatherV(MpiContext& ctx, void* buf, const std::vector<size_t>& offset,
+                        const std::vector<size_t>& length, DType dtype);
+Status DirectReduceScatterV(MpiContext& ctx, const void* send, void* recv_block, const std::vector<size_t>& offset,
+                            const std::vector<size_t>& length, DType dtype, ReduceOp op);
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Takes ownership of `comm` (sets MPI_ERRORS_RETURN on it). Collective over `comm`.
+  static Result<std::unique_ptr<MpiCommunicator>> Create(MPI_Comm comm, const CommOptions& options);
+  ~MpiCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string_view backend() const override { return "mpi"; }
+  MemorySpace memory_space() const override { return MemorySpace::kHost; }
+  const std::string& name() const override { return options_.name; }
+
+  CommHandle AllGather(const void* send, void* recv, size_t count_per_rank, DType dtype) override;
+  CommHandle ReduceScatter(const void* send, void* recv, size_t count_per_rank, DType dtype, ReduceOp op) override;
+  CommHandle AllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override;
+  CommHandle Broadcast(void* buf, size_t count, DType dtype, int root) override;
+  CommHandle Barrier() override;
+  Result<std::unique_ptr<Communicator>> Split(int colour, int key) override;
+
+  // Runs `fn` on this communicator's worker, in collective order, and waits for it:
+  // the way other backends (NCCL bootstrap) make MPI calls on this communicator.
+  Status RunInOrder(std::string what, std::function<Status(MpiContext&)> fn) { return Submit(std::move(what), std::move(fn)).Wait(); }
+
+  Result<void*> AllocateBuffer(size_t bytes) override;
+  void FreeBuffer(void* p) override;
+  Status CopyBuffer(void* dst, const void* src, size_t bytes) override;
+
+ private:
+  class Op;
+  MpiCommunicator(MPI_Comm comm, int rank, int size, const CommOptions& options);
+  // Queues `fn` to run on the worker (or runs it inline for size 1).
+  CommHandle Submit(std::string what, std::function<Status(MpiContext&)> fn);
+  void WorkerLoop();
+  Status Watchdog(uint64_t seq, const std::string& what);
+
+  MPI_Comm comm_;
+  int rank_;
+  int size_;
+  CommOptions options_;
+  WatchBoard board_;
+  MpiContext ctx_;  // worker thread only
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Op>> queue_;
+  bool stop_ = false;
+  Status failed_;  // guarded by mu_; set once, by the watchdog or an MPI error
+  uint64_t issued_ = 0;
+  std::thread worker_;
+};
+
+}  // namespace strata::comm

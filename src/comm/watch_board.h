@@ -1,0 +1,51 @@
+// What each rank of a communicator last entered, in an MPI-3 shared-memory window over
+// the ranks of this node (MPI_Win_allocate_shared), so that a rank's watchdog can read
+// its peers' progress with plain loads: no MPI call, so a peer that is stuck or asleep
+// cannot block the report. Ranks on other nodes are not visible.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/status.h"
+
+namespace strata::comm {
+
+class WatchBoard {
+ public:
+  WatchBoard() = default;
+  WatchBoard(const WatchBoard&) = delete;
+  WatchBoard& operator=(const WatchBoard&) = delete;
+  ~WatchBoard();
+
+  // Collective over `comm`. After an error the board is inert (reports say so).
+  Status Init(MPI_Comm comm);
+  // Collective over the node's ranks of `comm` (frees the window).
+  void Free();
+
+  // Owner side (one writer: the communicator's worker thread).
+  void Enter(uint64_t seq, std::string_view what);
+  void Finish(uint64_t seq);
+
+  // One line per rank of the communicator: "rank 1: last entered #3 Barrier (finished)".
+  std::string Report() const;
+
+ private:
+  struct Slot {
+    std::atomic<uint64_t> version;  // odd while the owner writes (seqlock)
+    std::atomic<uint64_t> entered;  // 0: nothing entered yet
+    std::atomic<uint64_t> finished;
+    std::atomic<uint64_t> what[8];  // NUL-padded text, 64 bytes
+  };
+  MPI_Comm node_comm_ = MPI_COMM_NULL;
+  MPI_Win win_ = MPI_WIN_NULL;
+  Slot* mine_ = nullptr;
+  std::vector<Slot*> by_comm_rank_;  // nullptr: another node
+};
+
+}  // namespace strata::comm

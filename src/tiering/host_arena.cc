@@ -1,0 +1,262 @@
+// The pinned host arena: creation (pin, bind, touch) and the best-fit sub-allocator.
+#include "strata/host_arena.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <sstream>
+
+#include "strata/device.h"
+#include "strata/log.h"
+#include "strata/units.h"
+#include "tiering/device_backends.h"
+
+namespace strata {
+namespace {
+
+constexpr uint64_t kHugePage = 2ull << 20;
+
+uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+}  // namespace
+
+std::string_view HostPinningName(HostPinning p) {
+  switch (p) {
+    case HostPinning::kAuto: return "auto";
+    case HostPinning::kCuda: return "cudaHostAlloc";
+    case HostPinning::kMlock: return "mlock";
+  }
+  return "?";
+}
+
+namespace {
+std::string MemlockAdvice(const MemlockLimit& limit) {
+  std::ostringstream msg;
+  msg << "the memlock limit (ulimit -l) is "
+      << (limit.unlimited ? std::string("unlimited") : FormatBytes(limit.soft_bytes));
+  if (limit.hard_bytes != UINT64_MAX) msg << " (hard limit " << FormatBytes(limit.hard_bytes) << ")";
+  msg << "; raise it with `ulimit -l unlimited` (hard limit permitting), a memlock line in "
+         "/etc/security/limits.conf (e.g. `* - memlock unlimited`), LimitMEMLOCK=infinity for a systemd unit "
+         "or "
+         "`docker run --ulimit memlock=-1`, or lower strata.host_budget to at most "
+      << FormatBytes(limit.soft_bytes);
+  return msg.str();
+}
+}  // namespace
+
+Status CheckMemlock(uint64_t bytes, const MemlockLimit& limit) {
+  if (bytes <= limit.lockable_bytes()) return OkStatus();
+  return ResourceExhaustedError("the pinned host arena needs " + FormatBytes(bytes) +
+                                " of locked memory but " + MemlockAdvice(limit));
+}
+
+uint64_t DefaultHostArenaBytes(uint64_t host_budget, const Topology& topology) {
+  if (host_budget != 0) return host_budget;
+  uint64_t memory = topology.total_memory_bytes;
+  if (memory == 0)
+    memory = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  uint64_t bytes = std::min(topology.memlock.lockable_bytes(), memory / 2);
+  return bytes / kHugePage * kHugePage;
+}
+
+Result<std::unique_ptr<HostArena>> HostArena::Create(const HostArenaOptions& options) {
+  if (options.bytes == 0) return InvalidArgumentError("host arena: size must be > 0 (strata.host_budget)");
+  if (options.segment_bytes == 0 || options.segment_bytes % kHostBlockAlignment != 0) {
+    return InvalidArgumentError("host arena: segment size " + std::to_string(options.segment_bytes) +
+                                " must be a positive multiple of 4096");
+  }
+  uint64_t size = RoundUp(options.bytes, kHugePage);
+  HostPinning pinning = options.pinning;
+  if (pinning == HostPinning::kAuto)
+    pinning = ProbeCuda().available ? HostPinning::kCuda : HostPinning::kMlock;
+  MemlockLimit limit = options.memlock ? *options.memlock : QueryMemlockLimit();
+  Status memlock = CheckMemlock(size, limit);
+  if (!memlock.ok()) {
+    // mlock needs the limit; cudaHostAlloc pins through the driver and does not, but
+    // registering the arena with io_uring will.
+    if (pinning == HostPinning::kMlock) return memlock;
+    STRATA_LOG(kWarn, "host")
+        << memlock.message()
+        << " (cudaHostAlloc pins regardless, but io_uring cannot register the arena as fixed "
+           "buffers under this limit)";
+  }
+
+  std::unique_ptr<HostArena> arena(new HostArena());
+  arena->size_ = size;
+  arena->segment_bytes_ = options.segment_bytes;
+  arena->pinning_ = pinning;
+  arena->numa_node_ = options.numa_node;
+
+  if (pinning == HostPinning::kCuda) {
+    // The driver touches the pages while pinning them: the thread's policy places them.
+    bool bound = false;
+    if (options.numa_node >= 0) {
+      Status s = BindThreadMemoryToNumaNode(options.numa_node);
+      if (s.code() == StatusCode::kInvalidArgument) return s;
+      if (!s.ok()) {
+        STRATA_LOG(kWarn, "host") << "host arena not bound to its NUMA node: " << s.message();
+      }
+      bound = s.ok();
+    }
+    Result<void*> p = tiering::CudaHostAlloc(size);
+    if (bound) {
+      Status reset = BindThreadMemoryToNumaNode(-1);
+      if (!reset.ok()) {
+        STRATA_LOG(kWarn, "host") << reset.message();
+      }
+    }
+    if (!p.ok()) return p.status();
+    arena->base_ = *p;
+    arena->numa_bound_ = bound;
+    if (reinterpret_cast<uintptr_t>(arena->base_) % kHostBlockAlignment != 0) {
+      return InternalError("cudaHostAlloc returned memory that is not 4 KiB aligned");
+    }
+  } else {
+    // Over-map by one huge page so the arena can start on a 2 MiB boundary.
+    uint64_t mapped = size + kHugePage;
+    void* raw = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) {
+      Status s = ErrnoError(errno, "mmap of " + FormatBytes(mapped) + " for the pinned host arena");
+      return ResourceExhaustedError(s.message() + "; lower strata.host_budget");
+    }
+    auto start = RoundUp(reinterpret_cast<uintptr_t>(raw), kHugePage);
+    uint64_t head = start - reinterpret_cast<uintptr_t>(raw);
+    if (head > 0) munmap(raw, head);
+    if (mapped - head - size > 0) munmap(reinterpret_cast<char*>(start) + size, mapped - head - size);
+    arena->base_ = reinterpret_cast<void*>(start);
+    arena->mapped_ = size;
+    if (options.huge_pages) {
+      arena->huge_pages_ = madvise(arena->base_, size, MADV_HUGEPAGE) == 0;
+      if (!arena->huge_pages_) {
+        STRATA_LOG(kDebug, "host") << "madvise(MADV_HUGEPAGE) refused: errno " << errno;
+      }
+    }
+    if (options.numa_node >= 0) {
+      Status s = BindMemoryToNumaNode(arena->base_, size, options.numa_node);
+      if (s.code() == StatusCode::kInvalidArgument) return s;
+      if (!s.ok()) {
+        STRATA_LOG(kWarn, "host") << "host arena not bound to its NUMA node: " << s.message();
+      }
+      arena->numa_bound_ = s.ok();
+    }
+    // mlock faults every page in: this is the one touch the arena gets.
+    if (mlock(arena->base_, size) != 0) {
+      int err = errno;
+      Status s = ErrnoError(err, "mlock of " + FormatBytes(size) + " for the pinned host arena");
+      MemlockLimit now = QueryMemlockLimit();
+      return ResourceExhaustedError(s.message() + "; " + MemlockAdvice(now));
+    }
+  }
+  arena->free_.emplace(0, size);
+  STRATA_LOG(kDebug, "host") << "host arena: " << FormatBytes(size) << " pinned by "
+                             << HostPinningName(pinning)
+                             << (arena->numa_bound_ ? ", NUMA node " + std::to_string(options.numa_node)
+                                                    : "");
+  return arena;
+}
+
+HostArena::~HostArena() {
+  if (base_ == nullptr) return;
+  if (pinning_ == HostPinning::kCuda) {
+    tiering::CudaHostFree(base_);
+  } else {
+    munlock(base_, mapped_);
+    munmap(base_, mapped_);
+  }
+}
+
+Result<HostBlock> HostArena::Allocate(uint64_t bytes) {
+  if (bytes == 0) return InvalidArgumentError("host arena: Allocate(0): a block needs at least one byte");
+  if (bytes > size_) {
+    return OutOfBudgetError("host arena: cannot allocate " + FormatBytes(bytes) +
+                            ": larger than the whole arena (" + FormatBytes(size_) +
+                            "); raise strata.host_budget");
+  }
+  uint64_t need = RoundUp(bytes, kHostBlockAlignment);
+  std::lock_guard<std::mutex> lock(mu_);
+  // Best fit: the smallest free range that holds the block (placed so that a block no
+  // larger than a segment does not cross a segment boundary).
+  auto best = free_.end();
+  uint64_t best_start = 0;
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    uint64_t start = it->first;
+    if (need <= segment_bytes_ && start / segment_bytes_ != (start + need - 1) / segment_bytes_) {
+      start = (start / segment_bytes_ + 1) * segment_bytes_;
+    }
+    if (start + need > it->first + it->second) continue;
+    if (best == free_.end() || it->second < best->second) {
+      best = it;
+      best_start = start;
+    }
+  }
+  if (best == free_.end()) {
+    uint64_t largest = 0;
+    for (const auto& [off, len] : free_) largest = std::max(largest, len);
+    std::ostringstream msg;
+    msg << "host arena: cannot allocate " << FormatBytes(bytes) << ": arena " << FormatBytes(size_) << ", "
+        << FormatBytes(allocated_) << " allocated, largest free block " << FormatBytes(largest)
+        << "; free or evict host blocks first, or raise strata.host_budget";
+    return OutOfBudgetError(msg.str());
+  }
+  uint64_t range_off = best->first, range_len = best->second;
+  free_.erase(best);
+  if (best_start > range_off) free_.emplace(range_off, best_start - range_off);
+  uint64_t end = best_start + need;
+  if (end < range_off + range_len) free_.emplace(end, range_off + range_len - end);
+  used_.emplace(best_start, need);
+  allocated_ += need;
+  high_water_ = std::max(high_water_, allocated_);
+  return HostBlock{static_cast<char*>(base_) + best_start, need, best_start};
+}
+
+void HostArena::Free(const HostBlock& block) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = used_.find(block.offset);
+  STRATA_CHECK_MSG(
+      it != used_.end() && it->second == block.size && block.data == static_cast<char*>(base_) + block.offset,
+      "HostArena::Free of a block that is not allocated from this arena (double free?)");
+  uint64_t off = it->first, len = it->second;
+  used_.erase(it);
+  allocated_ -= len;
+  // Coalesce with the free neighbours.
+  auto next = free_.lower_bound(off);
+  if (next != free_.end() && off + len == next->first) {
+    len += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == off) {
+      off = prev->first;
+      len += prev->second;
+      free_.erase(prev);
+    }
+  }
+  free_.emplace(off, len);
+}
+
+uint64_t HostArena::allocated() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allocated_;
+}
+
+uint64_t HostArena::high_water() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return high_water_;
+}
+
+uint64_t HostArena::largest_free() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t largest = 0;
+  for (const auto& [off, len] : free_) largest = std::max(largest, len);
+  return largest;
+}
+
+bool HostArena::Contains(const void* p, uint64_t bytes) const {
+  auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(base_);
+  return a >= b && a - b <= size_ && bytes <= size_ - (a - b);
+}
+
+}  // namespace strata

@@ -1,0 +1,466 @@
+// Engine creation: layout, the memory plan per tier (checked against the budgets
+// before anything is allocated), allocation and parameter initialisation.
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "strata/half.h"
+#include "strata/log.h"
+#include "strata/topology.h"
+#include "strata/units.h"
+#include "zero/engine_impl.h"
+
+namespace strata {
+namespace {
+
+ZeroTier TierOf(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::kNone: return ZeroTier::kDevice;
+    case OffloadDevice::kCpu: return ZeroTier::kHost;
+    case OffloadDevice::kNvme: return ZeroTier::kNvme;
+  }
+  return ZeroTier::kDevice;
+}
+
+// Pinned buffers for compute values on their way between the optimizer, the device
+// and the parameter tier (one per worker that may hold one at a time, plus one).
+constexpr int kParamStaging = 3;
+
+uint64_t Align4K(uint64_t b) { return (b + 4095) / 4096 * 4096; }
+
+// Writes the initial fp32 values of chunk positions [begin, begin + count) into out
+// (zeros where no tensor lies: padding stays zero forever, see ReduceChunk).
+void FillChunkRange(const zero::Layout& l, int chunk, int64_t begin, int64_t count, const ParamInit& init,
+                    float* out) {
+  std::fill(out, out + count, 0.0f);
+  for (const auto& mod : l.tensors) {
+    for (const auto& t : mod) {
+      if (t.chunk != chunk) continue;
+      int64_t lo = std::max(begin, t.offset), hi = std::min(begin + count, t.offset + t.numel);
+      if (lo >= hi) continue;
+      init(t.module, t.tensor, lo - t.offset, hi - lo, out + (lo - begin));
+    }
+  }
+}
+
+void ToCompute(const float* src, int64_t n, DType dtype, void* dst) {
+  if (dtype == DType::kF32) {
+    std::memcpy(dst, src, n * 4);
+  } else {
+    model::FromFloat(src, n, dtype, dst);
+  }
+}
+
+}  // namespace
+
+void* Engine::Impl::Pool::Take() {
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return !free.empty(); });
+  void* p = free.back();
+  free.pop_back();
+  return p;
+}
+
+void* Engine::Impl::Pool::TryTake() {
+  std::lock_guard lock(mu);
+  if (free.empty()) return nullptr;
+  void* p = free.back();
+  free.pop_back();
+  return p;
+}
+
+void Engine::Impl::Pool::Give(void* p) {
+  {
+    std::lock_guard lock(mu);
+    free.push_back(p);
+  }
+  cv.notify_one();
+}
+
+Result<void*> Engine::Impl::DeviceAlloc(uint64_t bytes, const char* what) {
+  auto r = device->Allocate(std::max<uint64_t>(bytes, 256));
+  if (!r.ok()) return r.status().WithContext(std::string("engine: device memory for ") + what);
+  device_allocs.push_back(*r);
+  return *r;
+}
+
+Result<void*> Engine::Impl::HostAlloc(uint64_t bytes, const char* what) {
+  auto r = arena->Allocate(Align4K(std::max<uint64_t>(bytes, 4096)));
+  if (!r.ok()) return r.status().WithContext(std::string("engine: pinned host memory for ") + what);
+  host_blocks.push_back(*r);
+  return r->data;
+}
+
+Status Engine::Impl::CopyToDevice(void* dst, const void* src, uint64_t bytes) {
+  STRATA_RETURN_IF_ERROR(device->CopyAsync(h2d, dst, src, bytes, CopyDir::kHostToDevice));
+  bytes_h2d += bytes;
+  return device->Synchronize(h2d);
+}
+
+Status Engine::Impl::CopyToHost(void* dst, const void* src, uint64_t bytes) {
+  STRATA_RETURN_IF_ERROR(device->CopyAsync(d2h, dst, src, bytes, CopyDir::kDeviceToHost));
+  bytes_d2h += bytes;
+  return device->Synchronize(d2h);
+}
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Engine::~Engine() {
+  Impl& s = *impl_;
+  // Let queued work finish before the memory under it goes away.
+  s.comm_worker.Drain();
+  s.fetch_worker.Drain();
+  s.opt_worker.Drain();
+  if (s.device) {
+    s.device->SynchronizeAll().IgnoreError();  // errors were reported by the calls that queued the work
+    for (void* p : s.device_allocs) s.device->Free(p);
+  }
+  s.opt_store.reset();
+  s.param_store.reset();
+  s.io.reset();
+  if (s.arena) {
+    for (const auto& b : s.host_blocks) s.arena->Free(b);
+  }
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, std::vector<model::ModuleSpec> modules,
+                                               const ParamInit& init, const EngineResources& res) {
+  if (res.world == nullptr) return InvalidArgumentError("engine: EngineResources.world is required");
+  if (res.device == nullptr) return InvalidArgumentError("engine: EngineResources.device is required");
+  if (!res.device->host_accessible()) {
+    return UnimplementedError(
+        "engine: training on a CUDA device is not built yet (the engine's kernels run on the CPU); "
+        "use strata.device \"sim\" (--device sim)");
+  }
+  if (res.world->memory_space() != MemorySpace::kHost) {
+    return InvalidArgumentError("engine: EngineResources.world must be a host (MPI) communicator");
+  }
+  auto impl = std::make_unique<Impl>();
+  Impl& s = *impl;
+  s.config = config;
+  s.modules = std::move(modules);
+  s.world = res.world;
+  s.device = res.device;
+  s.arena = res.host_arena;
+  s.rank = res.world->rank();
+  s.world_size = res.world->size();
+  s.stage = config.zero.stage;
+  s.overlap = config.strata.overlap;
+  s.opt_tier = TierOf(config.zero.offload_optimizer.device);
+  s.param_tier = TierOf(config.zero.offload_param.device);
+  s.grad_tier = s.opt_tier == ZeroTier::kDevice ? ZeroTier::kDevice : ZeroTier::kHost;
+  if (s.opt_tier == ZeroTier::kNvme && s.stage != 3) {
+    return InvalidArgumentError(
+        "zero_optimization.offload_optimizer.device: \"nvme\" needs zero_optimization.stage 3 "
+        "(as in DeepSpeed's ZeRO-Infinity); got stage " + std::to_string(s.stage));
+  }
+  if (s.stage == 0 && s.opt_tier != ZeroTier::kDevice) {
+    return InvalidArgumentError(
+        "zero_optimization.offload_optimizer.device: offload needs stage 1, 2 or 3 (DeepSpeed's rule); "
+        "got stage 0");
+  }
+  s.compute = config.bf16 ? DType::kBf16 : (config.fp16.enabled ? DType::kFp16 : DType::kF32);
+  s.csize = DTypeSize(s.compute);
+  s.adam.lr = static_cast<float>(config.optimizer.lr);
+  s.adam.beta1 = static_cast<float>(config.optimizer.beta1);
+  s.adam.beta2 = static_cast<float>(config.optimizer.beta2);
+  s.adam.eps = static_cast<float>(config.optimizer.eps);
+  s.adam.weight_decay = static_cast<float>(config.optimizer.weight_decay);
+  s.adam.adamw = config.optimizer.type == OptimizerType::kAdamW;
+  s.adam.step = 1;
+  STRATA_ASSIGN_OR_RETURN(auto scaler, LossScaler::Create(LossScalerOptions::FromConfig(config)));
+  s.scaler = scaler;
+
+  // Every rank must agree on the configuration and the model before any collective.
+  nlohmann::json layout_doc = nlohmann::json::array();
+  for (const auto& m : s.modules) {
+    nlohmann::json mj = {{"name", m.name}, {"tensors", nlohmann::json::array()}};
+    for (const auto& t : m.tensors) mj["tensors"].push_back({{"name", t.name}, {"shape", t.shape}});
+    layout_doc.push_back(mj);
+  }
+  STRATA_RETURN_IF_ERROR(CheckConsistency(*s.world, "config", ConfigToJson(config)));
+  STRATA_RETURN_IF_ERROR(CheckConsistency(*s.world, "model layout", layout_doc));
+
+  STRATA_ASSIGN_OR_RETURN(s.layout, zero::MakeLayout(s.modules, config.strata.chunk_size, s.world_size));
+  s.opt_elems = s.stage == 0 ? s.layout.chunk_elems : s.layout.shard_elems;
+  s.opt_offset = s.stage == 0 ? 0 : s.rank * s.layout.shard_elems;
+  STRATA_ASSIGN_OR_RETURN(s.h2d, s.device->CreateStream("engine-h2d"));
+  STRATA_ASSIGN_OR_RETURN(s.d2h, s.device->CreateStream("engine-d2h"));
+  STRATA_ASSIGN_OR_RETURN(s.compute_stream, s.device->CreateStream("engine-compute"));
+  STRATA_RETURN_IF_ERROR(s.Init(init));
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+Status Engine::Impl::Init(const ParamInit& init) {
+  STRATA_RETURN_IF_ERROR(AllocateMemory());
+  return InitParams(init);
+}
+
+Status Engine::Impl::AllocateMemory() {
+  const zero::Layout& l = layout;
+  const uint64_t n_chunks = l.num_chunks;
+  const uint64_t chunk16 = l.chunk_elems * csize;
+  const uint64_t shard16 = l.shard_elems * csize;
+  const uint64_t opt_bytes = opt_elems * 4;
+  opt_set_bytes = Align4K(3 * opt_bytes);
+  size_t max_module_chunks = 1, max_pair_chunks = 1;
+  for (size_t k = 0; k < l.module_chunks.size(); ++k) {
+    max_module_chunks = std::max(max_module_chunks, l.module_chunks[k].size());
+    std::vector<int> u = l.module_chunks[k];
+    if (k + 1 < l.module_chunks.size()) u.insert(u.end(), l.module_chunks[k + 1].begin(), l.module_chunks[k + 1].end());
+    std::sort(u.begin(), u.end());
+    max_pair_chunks = std::max<size_t>(max_pair_chunks, std::unique(u.begin(), u.end()) - u.begin());
+  }
+  grad_buffers = static_cast<int>(max_module_chunks) + 1;
+  const uint64_t recv_elems = (stage <= 1) ? l.chunk_elems : l.shard_elems;
+
+  // Fixed needs per tier.
+  uint64_t dev = grad_buffers * l.chunk_elems * 4 + recv_elems * 4;
+  uint64_t host = 0, nvme = 0;
+  if (stage < 3) {
+    dev += n_chunks * chunk16;
+  } else {
+    dev += max_module_chunks * chunk16;  // the minimum gather window; more if it fits
+    if (param_tier == ZeroTier::kDevice) dev += n_chunks * shard16;
+    if (param_tier == ZeroTier::kHost) host += n_chunks * Align4K(shard16);
+    if (param_tier == ZeroTier::kNvme) nvme += n_chunks * Align4K(shard16);
+  }
+  if (stage == 3 || opt_tier != ZeroTier::kDevice) host += kParamStaging * Align4K(opt_elems * csize);
+  switch (opt_tier) {
+    case ZeroTier::kDevice: dev += n_chunks * (3 * opt_bytes + opt_bytes); break;
+    case ZeroTier::kHost: host += n_chunks * (opt_set_bytes + Align4K(opt_bytes)); break;
+    case ZeroTier::kNvme:
+      host += n_chunks * Align4K(opt_bytes) + opt_set_bytes;  // grads + one staging set
+      nvme += 2 * n_chunks * opt_set_bytes;
+      break;
+  }
+  if (grad_tier == ZeroTier::kHost) host += Align4K(opt_bytes);  // host_recv
+  info.num_params = l.num_params;
+  info.chunk_elems = l.chunk_elems;
+  info.num_chunks = l.num_chunks;
+  info.shard_elems = l.shard_elems;
+  info.device_need = dev;
+  info.host_need = host;
+  info.nvme_need = nvme;
+
+  const uint64_t dev_have = device->capacity() - device->allocated();
+  if (dev > dev_have) {
+    return OutOfBudgetError("engine: the device tier cannot hold this configuration: it needs " + FormatBytes(dev) +
+                            " (compute params, gradient buffers" +
+                            std::string(opt_tier == ZeroTier::kDevice ? ", optimizer state" : "") + ") and has " +
+                            FormatBytes(dev_have) + " of " + FormatBytes(device->capacity()) +
+                            "; raise strata.device_budget, use a higher zero stage, or offload "
+                            "(offload_optimizer / offload_param)");
+  }
+  // Optional extras, as the budgets allow: speculation spares and a wider gather window.
+  uint64_t host_budget = config.strata.host_budget;
+  if (host_budget == 0 && (host > 0 || arena == nullptr)) {
+    auto topo = DiscoverTopology();
+    host_budget = topo.ok() ? DefaultHostArenaBytes(0, *topo) : 4 * GiB;
+  }
+  if (arena != nullptr) host_budget = std::min<uint64_t>(host_budget ? host_budget : arena->size(),
+                                                         arena->size() - arena->allocated());
+  if (host > host_budget) {
+    return OutOfBudgetError("engine: the pinned host tier cannot hold this configuration: it needs " +
+                            FormatBytes(host) + " and the host budget is " + FormatBytes(host_budget) +
+                            "; raise strata.host_budget, offload to nvme, or use more ranks");
+  }
+  int spares = 0;
+  if (overlap && opt_tier != ZeroTier::kNvme) {
+    uint64_t room = opt_tier == ZeroTier::kDevice ? dev_have - dev : host_budget - host;
+    spares = static_cast<int>(std::min<uint64_t>(n_chunks, room / std::max<uint64_t>(opt_set_bytes, 1)));
+    if (opt_tier == ZeroTier::kDevice) dev += spares * 3 * opt_bytes;
+    else host += spares * opt_set_bytes;
+  }
+  opt_staging_count = 0;
+  if (opt_tier == ZeroTier::kNvme) {
+    // Read ahead, step and write behind need three sets; more buys nothing on one disk.
+    uint64_t room = host_budget - host;
+    opt_staging_count = 1 + static_cast<int>(std::min<uint64_t>({3, n_chunks, room / opt_set_bytes}));
+    host += (opt_staging_count - 1) * opt_set_bytes;
+  }
+  gather_buffers = 0;
+  if (stage == 3) {
+    uint64_t room = dev_have - dev;
+    uint64_t extra = std::min<uint64_t>(max_pair_chunks + max_module_chunks, n_chunks) - max_module_chunks;
+    uint64_t cap = config.zero.stage3_max_live_parameters
+                       ? std::max<uint64_t>(config.zero.stage3_max_live_parameters / l.chunk_elems, max_module_chunks)
+                       : n_chunks;
+    extra = std::min<uint64_t>({extra, room / chunk16, cap - std::min<uint64_t>(cap, max_module_chunks)});
+    gather_buffers = static_cast<int>(max_module_chunks + extra);
+    dev += extra * chunk16;
+  }
+  info.device_need = dev;
+  info.host_need = host;
+  STRATA_LOG(kDebug, "engine") << "layout: " << l.num_params << " params in " << l.num_chunks << " chunks of "
+                              << l.chunk_elems << " (shard " << l.shard_elems << "); device " << FormatBytes(dev)
+                              << ", host " << FormatBytes(host) << ", nvme " << FormatBytes(nvme)
+                              << "; spares " << spares << ", staging sets " << opt_staging_count
+                              << ", gather buffers " << gather_buffers;
+
+  if (host > 0 && arena == nullptr) {
+    HostArenaOptions ao;
+    ao.bytes = host + 2 * MiB;
+    STRATA_ASSIGN_OR_RETURN(own_arena, HostArena::Create(ao));
+    arena = own_arena.get();
+  }
+
+  // Device tier.
+  for (int i = 0; i < grad_buffers; ++i) {
+    STRATA_ASSIGN_OR_RETURN(void* p, DeviceAlloc(l.chunk_elems * 4, "gradient buffers"));
+    std::memset(p, 0, l.chunk_elems * 4);  // padding must read as zero in every reduce
+    grad_pool.free.push_back(p);
+  }
+  {
+    STRATA_ASSIGN_OR_RETURN(void* p, DeviceAlloc(recv_elems * 4, "reduce staging"));
+    reduce_recv = static_cast<float*>(p);
+  }
+  if (stage < 3) {
+    STRATA_ASSIGN_OR_RETURN(param_full, DeviceAlloc(n_chunks * chunk16, "compute parameters"));
+  } else {
+    for (int i = 0; i < gather_buffers; ++i) {
+      STRATA_ASSIGN_OR_RETURN(void* p, DeviceAlloc(chunk16, "gathered chunks"));
+      gather_pool.free.push_back(p);
+    }
+  }
+  opt.resize(n_chunks);
+  if (grad_tier == ZeroTier::kHost) {
+    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_bytes, "gradient staging"));
+    host_recv = static_cast<float*>(p);
+  }
+  for (uint64_t c = 0; c < n_chunks; ++c) {
+    OptChunk& o = opt[c];
+    if (opt_tier == ZeroTier::kDevice) {
+      STRATA_ASSIGN_OR_RETURN(void* st, DeviceAlloc(3 * opt_bytes, "optimizer state"));
+      STRATA_ASSIGN_OR_RETURN(void* g, DeviceAlloc(opt_bytes, "gradient shards"));
+      o.state = static_cast<float*>(st);
+      o.grad = static_cast<float*>(g);
+    } else {
+      if (opt_tier == ZeroTier::kHost) {
+        STRATA_ASSIGN_OR_RETURN(void* st, HostAlloc(3 * opt_bytes, "optimizer state"));
+        o.state = static_cast<float*>(st);
+      }
+      STRATA_ASSIGN_OR_RETURN(void* g, HostAlloc(opt_bytes, "gradient shards"));
+      o.grad = static_cast<float*>(g);
+    }
+    std::memset(o.grad, 0, opt_bytes);
+  }
+  for (int i = 0; i < spares; ++i) {
+    STRATA_ASSIGN_OR_RETURN(void* p, opt_tier == ZeroTier::kDevice ? DeviceAlloc(3 * opt_bytes, "speculation spares")
+                                                                   : HostAlloc(3 * opt_bytes, "speculation spares"));
+    spare_states.push_back(static_cast<float*>(p));
+  }
+  for (int i = 0; i < opt_staging_count; ++i) {
+    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_set_bytes, "NVMe optimizer staging"));
+    opt_staging.free.push_back(p);
+  }
+  if (stage == 3) {
+    param_shard.resize(n_chunks);
+    for (uint64_t c = 0; c < n_chunks; ++c) {
+      if (param_tier == ZeroTier::kDevice) {
+        STRATA_ASSIGN_OR_RETURN(param_shard[c].ptr, DeviceAlloc(shard16, "parameter shards"));
+      } else if (param_tier == ZeroTier::kHost) {
+        STRATA_ASSIGN_OR_RETURN(param_shard[c].ptr, HostAlloc(shard16, "parameter shards"));
+      }
+    }
+  }
+  if (stage == 3 || opt_tier != ZeroTier::kDevice) {
+    for (int i = 0; i < kParamStaging; ++i) {
+      STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_elems * csize, "parameter staging"));
+      param_staging.free.push_back(p);
+    }
+  }
+
+  // NVMe tier.
+  if (opt_tier == ZeroTier::kNvme || param_tier == ZeroTier::kNvme) {
+    STRATA_ASSIGN_OR_RETURN(io, IoEngine::Create(IoEngineOptions::FromConfig(config)));
+    IoBufferRegion region{arena->base(), arena->size()};
+    Status reg = io->RegisterBuffers({&region, 1});
+    if (!reg.ok()) STRATA_LOG(kWarn, "engine") << "I/O without fixed buffers: " << reg.ToString();
+    auto paths = [&](const OffloadConfig& o) {
+      return !o.nvme_path.empty() ? o.nvme_path : config.strata.swap_paths;
+    };
+    if (config.strata.nvme_budget && nvme > config.strata.nvme_budget) {
+      return OutOfBudgetError("engine: the NVMe tier needs " + FormatBytes(nvme) + " and strata.nvme_budget is " +
+                              FormatBytes(config.strata.nvme_budget) + "; raise it or use more ranks");
+    }
+    if (opt_tier == ZeroTier::kNvme) {
+      NvmeStoreOptions so;
+      so.paths = paths(config.zero.offload_optimizer);
+      so.name = "strata-optim-r" + std::to_string(rank);
+      so.slot_size = opt_set_bytes;
+      so.slot_count = 2 * n_chunks;
+      so.checksum = config.strata.checksum;
+      STRATA_ASSIGN_OR_RETURN(opt_store, NvmeStore::Open(*io, so));
+      for (auto& o : opt) {
+        for (SlotId& slot : o.slot) {
+          STRATA_ASSIGN_OR_RETURN(slot, opt_store->Allocate());
+        }
+      }
+    }
+    if (param_tier == ZeroTier::kNvme) {
+      NvmeStoreOptions so;
+      so.paths = paths(config.zero.offload_param);
+      so.name = "strata-param-r" + std::to_string(rank);
+      so.slot_size = Align4K(shard16);
+      so.slot_count = n_chunks;
+      so.checksum = config.strata.checksum;
+      STRATA_ASSIGN_OR_RETURN(param_store, NvmeStore::Open(*io, so));
+      for (auto& shard : param_shard) {
+        STRATA_ASSIGN_OR_RETURN(shard.slot, param_store->Allocate());
+      }
+    }
+  }
+  device->ResetHighWater();
+  return OkStatus();
+}
+
+Status Engine::Impl::InitParams(const ParamInit& init) {
+  const zero::Layout& l = layout;
+  std::vector<float> full(l.chunk_elems);
+  std::vector<uint8_t> c16(l.chunk_elems * csize);
+  for (int c = 0; c < l.num_chunks; ++c) {
+    // Compute copy: the whole chunk (stages 0-2) or this rank's shard (stage 3).
+    FillChunkRange(l, c, 0, l.chunk_elems, init, full.data());
+    ToCompute(full.data(), l.chunk_elems, compute, c16.data());
+    if (stage < 3) {
+      STRATA_RETURN_IF_ERROR(CopyToDevice(static_cast<uint8_t*>(param_full) + c * l.chunk_elems * csize, c16.data(),
+                                          l.chunk_elems * csize));
+    } else {
+      // Through pinned staging: the NVMe tier needs aligned, registered buffers.
+      void* staged = param_staging.Take();
+      std::memcpy(staged, c16.data() + rank * l.shard_elems * csize, l.shard_elems * csize);
+      Status st = PublishParams(c, staged, /*from_host=*/true);
+      param_staging.Give(staged);
+      STRATA_RETURN_IF_ERROR(st);
+    }
+    // Optimizer state: master = the fp32 values of this rank's part, m = v = 0.
+    OptChunk& o = opt[c];
+    if (opt_tier == ZeroTier::kNvme) {
+      float* set = static_cast<float*>(opt_staging.Take());
+      std::memcpy(set, full.data() + opt_offset, opt_elems * 4);
+      std::memset(set + opt_elems, 0, 2 * opt_elems * 4);
+      auto h = opt_store->Write(o.slot[0], set, opt_set_bytes);
+      Status st = h.ok() ? h->Wait() : h.status();
+      opt_staging.Give(set);
+      STRATA_RETURN_IF_ERROR(st);
+      bytes_nvme_written += opt_set_bytes;
+    } else {
+      std::vector<float> st(3 * opt_elems, 0.0f);
+      std::memcpy(st.data(), full.data() + opt_offset, opt_elems * 4);
+      if (opt_tier == ZeroTier::kDevice) {
+        STRATA_RETURN_IF_ERROR(CopyToDevice(o.state, st.data(), st.size() * 4));
+      } else {
+        std::memcpy(o.state, st.data(), st.size() * 4);
+      }
+    }
+  }
+  chunk_pending_modules.assign(l.num_chunks, 0);
+  return OkStatus();
+}
+
+double Engine::loss_scale() const { return impl_->scaler->scale(); }
+DType Engine::compute_dtype() const { return impl_->compute; }
+const EngineLayoutInfo& Engine::layout_info() const { return impl_->info; }
+
+}  // namespace strata

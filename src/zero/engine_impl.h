@@ -1,0 +1,180 @@
+// The engine's internal state, shared by engine.cc (creation, memory), engine_hooks.cc
+// (gather, gradient reduction) and engine_step.cc (the optimizer).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "strata/adam.h"
+#include "strata/comm.h"
+#include "strata/engine.h"
+#include "strata/grad_stats.h"
+#include "strata/mlp_kernels.h"
+#include "strata/host_arena.h"
+#include "strata/io.h"
+#include "strata/loss_scaler.h"
+#include "strata/nvme_store.h"
+#include "zero/layout.h"
+#include "zero/serial_worker.h"
+
+namespace strata {
+
+// Where a plane's shards live.
+enum class ZeroTier { kDevice, kHost, kNvme };
+
+struct Engine::Impl {
+  // --- fixed at creation ---
+  Config config;
+  std::vector<model::ModuleSpec> modules;
+  zero::Layout layout;
+  Communicator* world = nullptr;
+  Device* device = nullptr;
+  HostArena* arena = nullptr;
+  std::unique_ptr<HostArena> own_arena;
+  std::unique_ptr<IoEngine> io;
+  std::unique_ptr<NvmeStore> opt_store;    // master|m|v per chunk, two slots each
+  std::unique_ptr<NvmeStore> param_store;  // 16-bit param shard per chunk (stage 3)
+  int rank = 0, world_size = 1;
+  int stage = 0;
+  ZeroTier opt_tier = ZeroTier::kDevice;    // master, m, v
+  ZeroTier grad_tier = ZeroTier::kDevice;   // the fp32 gradient shard
+  ZeroTier param_tier = ZeroTier::kDevice;  // stage 3: the 16-bit shard between uses
+  DType compute = DType::kF32;
+  size_t csize = 4;             // bytes per compute element
+  int64_t opt_elems = 0;        // elements of a chunk this rank steps
+  int64_t opt_offset = 0;       // where they start inside the chunk
+  bool overlap = true;
+  StreamId h2d, d2h, compute_stream;
+  EngineLayoutInfo info;
+  AdamParams adam;              // hyper-parameters; step/grad_scale set per step
+  std::optional<LossScaler> scaler;
+
+  // --- memory ---
+  void* param_full = nullptr;   // stages 0-2: every chunk's compute copy, on the device
+  std::vector<void*> device_allocs;
+  std::vector<HostBlock> host_blocks;
+
+  struct OptChunk {
+    float* state = nullptr;     // master | m | v (opt_elems each), device or host tier
+    SlotId slot[2] = {0, 0};    // nvme tier
+    int current = 0;            // which slot holds the committed state
+    float* grad = nullptr;      // gradient shard, accumulated over micro-batches
+    // Speculative result waiting for Step(): a spare buffer (device/host tiers) or the
+    // other slot (nvme), written by the optimizer worker.
+    float* pending = nullptr;
+    bool has_pending = false;
+    bool speculated = false;    // stepped during backward this step
+    std::shared_future<Status> spec_done;
+  };
+  std::vector<OptChunk> opt;
+  std::vector<float*> spare_states;  // free spare buffers for speculation (device/host)
+  std::mutex spare_mu;
+
+  // Stage 3: the 16-bit shard of each chunk on param_tier.
+  struct ParamShard {
+    void* ptr = nullptr;        // device or host tier
+    SlotId slot = 0;            // nvme tier
+  };
+  std::vector<ParamShard> param_shard;
+
+  // Pinned staging: NVMe optimizer sets (3 * opt_elems fp32 each) and param shards.
+  struct Pool {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<void*> free;
+    void* Take();
+    void* TryTake();  // nullptr when none is free
+    void Give(void* p);
+  };
+  Pool opt_staging;
+  // The NVMe optimizer pipeline (issue: read i+1 || step i || write i-1). Touched by
+  // one thread at a time: opt_worker during backward, the training thread in Step().
+  struct NvmeRead {
+    float* buf = nullptr;
+    IoHandle handle;
+  };
+  std::map<int, NvmeRead> nvme_reads;                   // read ahead, by chunk
+  std::deque<std::pair<IoHandle, float*>> nvme_writes;  // written behind, oldest first
+  float* TakeOptStaging();
+  Status IssueNvmeRead(int chunk);
+  Status WaitNvmeWrites();
+  Status DropNvmeReads();
+  Pool param_staging;
+  uint64_t opt_set_bytes = 0;
+  int opt_staging_count = 0;
+
+  // Stage 3 gathered chunks on the device.
+  struct Gathered {
+    void* buf = nullptr;
+    std::shared_future<Status> ready;
+    int users = 0;              // modules currently between Before and After
+  };
+  std::map<int, Gathered> gathered;
+  Pool gather_pool;
+  int gather_buffers = 0;
+
+  // Gradient chunk buffers (fp32, device) handed to the model during backward.
+  std::map<int, float*> grad_bufs;
+  Pool grad_pool;
+  int grad_buffers = 0;
+  std::vector<int> chunk_pending_modules;  // modules still to finish backward per chunk
+  float* reduce_recv = nullptr;             // device staging for one reduced chunk/shard
+  float* host_recv = nullptr;               // host staging for gradients on the host tier
+
+  // --- threads ---
+  zero::SerialWorker comm_worker{"comm"};
+  zero::SerialWorker fetch_worker{"fetch"};
+  zero::SerialWorker opt_worker{"optimizer"};
+  std::deque<std::shared_future<Status>> reduces;  // in flight, oldest first
+  std::deque<std::shared_future<Status>> fetches;
+
+  // --- per-step state ---
+  int micro_batch = 0;          // index within the accumulation window
+  bool in_micro_batch = false;
+  int64_t step_count = 0;
+  std::atomic<int> speculative_count{0};
+  std::atomic<uint64_t> bytes_nvme_read{0}, bytes_nvme_written{0}, bytes_h2d{0}, bytes_d2h{0},
+      bytes_comm{0};
+  std::atomic<int64_t> opt_busy_ns{0}, comm_busy_ns{0}, io_busy_ns{0};
+
+  // --- engine.cc ---
+  Status Init(const ParamInit& init);
+  Status AllocateMemory();
+  Status InitParams(const ParamInit& init);
+  Result<void*> DeviceAlloc(uint64_t bytes, const char* what);
+  Result<void*> HostAlloc(uint64_t bytes, const char* what);
+  Status CopyToDevice(void* dst, const void* src, uint64_t bytes);
+  Status CopyToHost(void* dst, const void* src, uint64_t bytes);
+
+  // --- engine_hooks.cc ---
+  void* ChunkParams(int chunk);  // compute copy of a chunk (stage 3: gathered)
+  Status EnsureGathered(int chunk);
+  void StartGather(int chunk);
+  void ReleaseGathered(int module, int next_module);
+  Status GatherNow(int chunk, void* dst);
+  Status ReduceChunk(int chunk, float* grad, bool last_micro_batch);
+  Status WaitReduces();
+
+  // --- engine_step.cc ---
+  bool LastMicroBatch() const { return micro_batch + 1 == config.gradient_accumulation_steps; }
+  void MaybeSpeculate(int chunk);
+  // next_chunk: the chunk likely stepped next (-1: unknown), read ahead on NVMe.
+  Status StepChunk(int chunk, float grad_scale, bool speculative, int next_chunk = -1);
+  Status StepChunkNvme(int chunk, float grad_scale, bool speculative, int next_chunk);
+  Status CommitChunk(int chunk);
+  Status DiscardChunk(int chunk);
+  Status RestoreParams(int chunk);
+  Status PublishParams(int chunk, const void* out16_src, bool from_host);
+  Status AllGatherParams();
+  Result<GradStats> LocalGradStats();
+  void* Out16Target(int chunk, bool* on_host);
+};
+
+}  // namespace strata

@@ -1,0 +1,434 @@
+// The optimizer step: global norm and overflow, speculative steps during backward and
+// their commit or redo, the pipelined NVMe path, and putting the updated compute
+// parameters where the next forward reads them.
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "strata/grad_stats.h"
+#include "strata/log.h"
+#include "zero/engine_impl.h"
+
+namespace strata {
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+
+}  // namespace
+
+// Where the optimizer writes a chunk's updated compute values: straight into device
+// memory when the optimizer state lives there, else into a pinned staging buffer that
+// PublishParams moves on.
+void* Engine::Impl::Out16Target(int chunk, bool* on_host) {
+  if (opt_tier == ZeroTier::kDevice && stage < 3) {
+    *on_host = false;
+    return static_cast<uint8_t*>(param_full) + (chunk * layout.chunk_elems + opt_offset) * csize;
+  }
+  *on_host = true;
+  return param_staging.Take();
+}
+
+// Moves this rank's updated compute values of `chunk` (opt_elems of them at src) to
+// where the next forward reads them. from_host: src is pinned host memory.
+Status Engine::Impl::PublishParams(int chunk, const void* src, bool from_host) {
+  const uint64_t bytes = opt_elems * csize;
+  if (stage < 3) {
+    void* dst = static_cast<uint8_t*>(param_full) + (chunk * layout.chunk_elems + opt_offset) * csize;
+    if (!from_host) return OkStatus();  // written in place on the device
+    return CopyToDevice(dst, src, bytes);
+  }
+  switch (param_tier) {
+    case ZeroTier::kDevice:
+      if (from_host) return CopyToDevice(param_shard[chunk].ptr, src, bytes);
+      std::memcpy(param_shard[chunk].ptr, src, bytes);
+      return OkStatus();
+    case ZeroTier::kHost: std::memcpy(param_shard[chunk].ptr, src, bytes); return OkStatus();
+    case ZeroTier::kNvme: {
+      auto h = param_store->Write(param_shard[chunk].slot, src, bytes);
+      STRATA_RETURN_IF_ERROR(h.ok() ? h->Wait() : h.status());
+      bytes_nvme_written += bytes;
+      return OkStatus();
+    }
+  }
+  return OkStatus();
+}
+
+// One Adam step over the state at `st` (master | m | v) with the chunk's gradient
+// shard, writing the compute copy to out (a 16-bit buffer, or fp32 when compute is).
+static Status RunAdam(const AdamParams& p, float* st, int64_t n, const float* grad, DType compute, void* out) {
+  Copy16 c16;
+  if (compute != DType::kF32) c16 = Copy16{out, compute};
+  STRATA_RETURN_IF_ERROR(AdamStep(p, st, st + n, st + 2 * n, GradView{grad, DType::kF32}, n, c16));
+  if (compute == DType::kF32) std::memcpy(out, st, n * 4);
+  return OkStatus();
+}
+
+Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, int next_chunk) {
+  if (opt_tier == ZeroTier::kNvme) return StepChunkNvme(chunk, grad_scale, speculative, next_chunk);
+  OptChunk& o = opt[chunk];
+  float* st = o.state;
+  if (speculative) {
+    std::lock_guard lock(spare_mu);
+    if (spare_states.empty()) return OkStatus();  // no room to keep the old state: step at Step()
+    st = spare_states.back();
+    spare_states.pop_back();
+  }
+  int64_t t0 = NowNs();
+  if (speculative) std::memcpy(st, o.state, 3 * opt_elems * 4);
+  AdamParams p = adam;
+  p.grad_scale = grad_scale;
+  bool on_host;
+  void* out = Out16Target(chunk, &on_host);
+  Status s;
+  if (opt_tier == ZeroTier::kDevice) {
+    // The device computes: on the sim device that is the CPU Adam on its compute stream.
+    s = device->Enqueue(compute_stream, [&] { return RunAdam(p, st, opt_elems, o.grad, compute, out); });
+    if (s.ok()) s = device->Synchronize(compute_stream);
+  } else {
+    s = RunAdam(p, st, opt_elems, o.grad, compute, out);
+  }
+  opt_busy_ns += NowNs() - t0;
+  if (s.ok()) s = PublishParams(chunk, out, on_host);
+  if (on_host) param_staging.Give(out);
+  if (speculative) {
+    o.pending = st;
+    o.has_pending = true;
+    o.speculated = true;
+    ++speculative_count;
+  }
+  return s.WithContext("optimizer step of chunk " + std::to_string(chunk));
+}
+
+float* Engine::Impl::TakeOptStaging() {
+  if (void* p = opt_staging.TryTake()) return static_cast<float*>(p);
+  if (!nvme_writes.empty()) {
+    // Reuse the buffer of the oldest write once it is on disk; its Status is checked
+    // by WaitNvmeWrites, which keeps failed ones.
+    auto [h, buf] = nvme_writes.front();
+    Status st = h.Wait();
+    if (st.ok()) {
+      nvme_writes.pop_front();
+      return buf;
+    }
+  }
+  return static_cast<float*>(opt_staging.Take());
+}
+
+Status Engine::Impl::IssueNvmeRead(int chunk) {
+  float* buf = TakeOptStaging();
+  auto rd = opt_store->Read(opt[chunk].slot[opt[chunk].current], buf, opt_set_bytes);
+  if (!rd.ok()) {
+    opt_staging.Give(buf);
+    return rd.status();
+  }
+  nvme_reads[chunk] = NvmeRead{buf, *rd};
+  return OkStatus();
+}
+
+Status Engine::Impl::WaitNvmeWrites() {
+  Status first;
+  while (!nvme_writes.empty()) {
+    auto [h, buf] = nvme_writes.front();
+    nvme_writes.pop_front();
+    Status st = h.Wait();
+    opt_staging.Give(buf);
+    if (first.ok() && !st.ok()) first = st.WithContext("writing optimizer state to NVMe");
+  }
+  return first;
+}
+
+Status Engine::Impl::DropNvmeReads() {
+  Status first;
+  for (auto& [chunk, r] : nvme_reads) {
+    Status st = r.handle.Wait();  // the buffer is the engine's again only once the read is done
+    opt_staging.Give(r.buf);
+    if (first.ok() && !st.ok()) first = st;
+  }
+  nvme_reads.clear();
+  return first;
+}
+
+Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative, int next_chunk) {
+  OptChunk& o = opt[chunk];
+  int64_t t0 = NowNs();
+  if (!nvme_reads.count(chunk)) STRATA_RETURN_IF_ERROR(IssueNvmeRead(chunk));
+  NvmeRead r = nvme_reads[chunk];
+  nvme_reads.erase(chunk);
+  float* st = r.buf;
+  Status s = r.handle.Wait();
+  io_busy_ns += NowNs() - t0;
+  if (s.ok()) bytes_nvme_read += opt_set_bytes;
+  // Read the next chunk while this one steps, if a staging set is free.
+  if (s.ok() && overlap && next_chunk >= 0 && !nvme_reads.count(next_chunk) && opt_staging_count > 2) {
+    if (void* p = opt_staging.TryTake()) {
+      opt_staging.Give(p);
+      s = IssueNvmeRead(next_chunk);
+    }
+  }
+  if (s.ok()) {
+    AdamParams p = adam;
+    p.grad_scale = grad_scale;
+    bool on_host;
+    void* out = Out16Target(chunk, &on_host);
+    t0 = NowNs();
+    s = RunAdam(p, st, opt_elems, o.grad, compute, out);
+    opt_busy_ns += NowNs() - t0;
+    if (s.ok()) s = PublishParams(chunk, out, on_host);
+    if (on_host) param_staging.Give(out);
+  }
+  if (!s.ok()) {
+    opt_staging.Give(st);
+    return s.WithContext("NVMe optimizer step of chunk " + std::to_string(chunk));
+  }
+  // Write behind: the new version goes to the other slot; the buffer comes back when
+  // the write completes (TakeOptStaging / WaitNvmeWrites). Without overlap, wait now.
+  auto wr = opt_store->Write(o.slot[1 - o.current], st, opt_set_bytes);
+  if (!wr.ok()) {
+    opt_staging.Give(st);
+    return wr.status().WithContext("NVMe optimizer step of chunk " + std::to_string(chunk));
+  }
+  bytes_nvme_written += opt_set_bytes;
+  nvme_writes.emplace_back(*wr, st);
+  if (!overlap) STRATA_RETURN_IF_ERROR(WaitNvmeWrites());
+  if (speculative) {
+    o.has_pending = true;
+    o.speculated = true;
+    ++speculative_count;
+  } else {
+    o.current = 1 - o.current;  // commit: readers wait for nvme_writes before reading it
+  }
+  return OkStatus();
+}
+
+// Runs on comm_worker once the chunk's gradient shard is final.
+void Engine::Impl::MaybeSpeculate(int chunk) {
+  if (!overlap) return;
+  const float scale = scaler->grad_scale();
+  opt[chunk].spec_done = opt_worker.Submit([this, chunk, scale] {
+    auto stats = ComputeGradStats(GradView{opt[chunk].grad, DType::kF32}, opt_elems);
+    if (!stats.ok()) return stats.status();
+    if (stats->has_inf_nan) return OkStatus();  // this step will be skipped anyway
+    // Backward finishes chunks in descending order: read the one below ahead.
+    return StepChunk(chunk, scale, /*speculative=*/true, chunk - 1);
+  });
+}
+
+Status Engine::Impl::CommitChunk(int chunk) {
+  OptChunk& o = opt[chunk];
+  if (!o.has_pending) return OkStatus();
+  if (opt_tier == ZeroTier::kNvme) {
+    o.current = 1 - o.current;
+  } else {
+    std::lock_guard lock(spare_mu);
+    spare_states.push_back(o.state);
+    o.state = o.pending;
+  }
+  o.pending = nullptr;
+  o.has_pending = false;
+  return OkStatus();
+}
+
+// Forgets a speculative result. The compute copy it published is stale then; the
+// caller either steps the chunk again (which republishes) or calls RestoreParams.
+Status Engine::Impl::DiscardChunk(int chunk) {
+  OptChunk& o = opt[chunk];
+  if (!o.has_pending) return OkStatus();
+  if (opt_tier != ZeroTier::kNvme) {
+    std::lock_guard lock(spare_mu);
+    spare_states.push_back(o.pending);
+  }
+  o.pending = nullptr;
+  o.has_pending = false;
+  return OkStatus();
+}
+
+// Republishes the compute copy from the committed master (after a skipped step whose
+// speculation had already published new values).
+Status Engine::Impl::RestoreParams(int chunk) {
+  OptChunk& o = opt[chunk];
+  std::vector<float> master(opt_elems);
+  if (opt_tier == ZeroTier::kNvme) {
+    STRATA_RETURN_IF_ERROR(WaitNvmeWrites());
+    STRATA_RETURN_IF_ERROR(DropNvmeReads());
+    float* st = static_cast<float*>(opt_staging.Take());
+    auto rd = opt_store->Read(o.slot[o.current], st, opt_set_bytes);
+    Status s = rd.ok() ? rd->Wait() : rd.status();
+    if (s.ok()) std::memcpy(master.data(), st, opt_elems * 4);
+    opt_staging.Give(st);
+    STRATA_RETURN_IF_ERROR(s);
+  } else {
+    std::memcpy(master.data(), o.state, opt_elems * 4);
+  }
+  bool on_host;
+  void* out = Out16Target(chunk, &on_host);
+  if (compute == DType::kF32) {
+    std::memcpy(out, master.data(), opt_elems * 4);
+  } else {
+    model::FromFloat(master.data(), opt_elems, compute, out);
+  }
+  Status s = PublishParams(chunk, out, on_host);
+  if (on_host) param_staging.Give(out);
+  return s;
+}
+
+Result<GradStats> Engine::Impl::LocalGradStats() {
+  std::vector<GradShard> shards;
+  for (const auto& o : opt) shards.push_back(GradShard{GradView{o.grad, DType::kF32}, static_cast<size_t>(opt_elems)});
+  return ComputeGradStats(shards);
+}
+
+Status Engine::Impl::AllGatherParams() {
+  if (stage == 0 || stage == 3 || world_size == 1) return OkStatus();
+  std::vector<std::shared_future<Status>> done;
+  for (int c = 0; c < layout.num_chunks; ++c) {
+    uint8_t* chunk = static_cast<uint8_t*>(param_full) + c * layout.chunk_elems * csize;
+    done.push_back(comm_worker.Submit([this, chunk] {
+      int64_t t0 = NowNs();
+      Status s = world->AllGather(chunk + opt_offset * csize, chunk, layout.shard_elems, compute).Wait();
+      comm_busy_ns += NowNs() - t0;
+      bytes_comm += layout.chunk_elems * csize;
+      return s;
+    }));
+  }
+  Status first;
+  for (auto& f : done) {
+    Status s = f.get();
+    if (first.ok() && !s.ok()) first = s;
+  }
+  return first;
+}
+
+Result<StepResult> Engine::Step() {
+  Impl& s = *impl_;
+  StepResult r;
+  const int64_t t_start = NowNs();
+  r.loss_scale = s.scaler->scale();
+  STRATA_RETURN_IF_ERROR(s.WaitReduces());
+  s.opt_worker.Drain();
+  for (auto& o : s.opt) {
+    if (o.spec_done.valid()) {
+      Status st = o.spec_done.get();
+      o.spec_done = {};
+      if (!st.ok()) return st;
+    }
+  }
+  if (s.opt_tier == ZeroTier::kNvme) STRATA_RETURN_IF_ERROR(s.WaitNvmeWrites());
+  r.step_wait_s = (NowNs() - t_start) * 1e-9;
+
+  // Global norm and overflow: every rank's shard stats, summed in rank order in double.
+  STRATA_ASSIGN_OR_RETURN(GradStats local, s.LocalGradStats());
+  double sum_sq = local.sum_sq;
+  bool overflow = local.has_inf_nan;
+  if (s.stage > 0 && s.world_size > 1) {
+    double mine[2] = {local.sum_sq, local.has_inf_nan ? 1.0 : 0.0};
+    std::vector<double> all(2 * s.world_size);
+    auto done = s.comm_worker.Submit([&] {
+      return s.world->AllGather(mine, all.data(), 4, DType::kF32).Wait();  // 2 doubles as 4 floats
+    });
+    STRATA_RETURN_IF_ERROR(done.get());
+    sum_sq = 0;
+    overflow = false;
+    for (int q = 0; q < s.world_size; ++q) {
+      sum_sq += all[2 * q];
+      overflow = overflow || all[2 * q + 1] != 0;
+    }
+  }
+  const double loss_scale = s.scaler->scale();
+  r.grad_norm = std::sqrt(sum_sq) / loss_scale;
+  double clip = 1;
+  if (!overflow && s.config.gradient_clipping > 0) {
+    double c = s.config.gradient_clipping / (r.grad_norm + 1e-6);
+    if (c < 1) clip = c;
+  }
+  r.clip_coef = clip;
+  r.skipped = overflow;
+
+  if (overflow) {
+    for (int c = 0; c < s.layout.num_chunks; ++c) {
+      if (s.opt[c].speculated) {
+        STRATA_RETURN_IF_ERROR(s.DiscardChunk(c));
+        STRATA_RETURN_IF_ERROR(s.RestoreParams(c));
+        ++r.redone_steps;
+      }
+    }
+  } else {
+    const float grad_scale = clip == 1 ? s.scaler->grad_scale() : static_cast<float>(clip / loss_scale);
+    std::vector<int> todo;
+    for (int c = 0; c < s.layout.num_chunks; ++c) {
+      Impl::OptChunk& o = s.opt[c];
+      if (o.speculated && o.has_pending && clip == 1) {
+        STRATA_RETURN_IF_ERROR(s.CommitChunk(c));
+        continue;
+      }
+      if (o.speculated) {
+        STRATA_RETURN_IF_ERROR(s.DiscardChunk(c));
+        ++r.redone_steps;
+      }
+      todo.push_back(c);
+    }
+    for (size_t i = 0; i < todo.size(); ++i) {
+      int next = i + 1 < todo.size() ? todo[i + 1] : -1;
+      STRATA_RETURN_IF_ERROR(s.StepChunk(todo[i], grad_scale, /*speculative=*/false, next));
+    }
+    if (s.opt_tier == ZeroTier::kNvme) STRATA_RETURN_IF_ERROR(s.WaitNvmeWrites());
+    ++s.step_count;
+    s.adam.step = s.step_count + 1;
+    STRATA_RETURN_IF_ERROR(s.AllGatherParams());
+  }
+  if (s.opt_tier == ZeroTier::kNvme) STRATA_RETURN_IF_ERROR(s.DropNvmeReads());
+  r.speculative_steps = s.speculative_count.exchange(0);
+  for (auto& o : s.opt) {
+    o.speculated = false;
+    std::memset(o.grad, 0, s.opt_elems * 4);
+  }
+  STRATA_RETURN_IF_ERROR(s.scaler->Update(overflow));
+  s.micro_batch = 0;
+  s.in_micro_batch = false;
+
+  r.optimizer_busy_s = s.opt_busy_ns.exchange(0) * 1e-9;
+  r.comm_busy_s = s.comm_busy_ns.exchange(0) * 1e-9;
+  r.io_busy_s = s.io_busy_ns.exchange(0) * 1e-9;
+  r.bytes_nvme_read = s.bytes_nvme_read.exchange(0);
+  r.bytes_nvme_written = s.bytes_nvme_written.exchange(0);
+  r.bytes_h2d = s.bytes_h2d.exchange(0);
+  r.bytes_d2h = s.bytes_d2h.exchange(0);
+  r.bytes_comm = s.bytes_comm.exchange(0);
+  r.device_high_water = s.device->high_water();
+  r.host_high_water = s.arena ? s.arena->high_water() : 0;
+  return r;
+}
+
+Status Engine::GatherMaster(int module, int tensor, std::vector<float>* out) {
+  Impl& s = *impl_;
+  const zero::TensorPlace& t = s.layout.tensors.at(module).at(tensor);
+  // This rank's master values of the chunk, placed in a zeroed full chunk, summed over
+  // the ranks (each position is owned by exactly one rank; stage 0: rank 0's copy).
+  std::vector<float> full(s.layout.chunk_elems, 0.0f);
+  if (s.stage > 0 || s.rank == 0) {
+    Impl::OptChunk& o = s.opt[t.chunk];
+    if (s.opt_tier == ZeroTier::kNvme) {
+      float* st = static_cast<float*>(s.opt_staging.Take());
+      auto rd = s.opt_store->Read(o.slot[o.current], st, s.opt_set_bytes);
+      Status st_read = rd.ok() ? rd->Wait() : rd.status();
+      if (st_read.ok()) std::memcpy(full.data() + s.opt_offset, st, s.opt_elems * 4);
+      s.opt_staging.Give(st);
+      STRATA_RETURN_IF_ERROR(st_read);
+    } else {
+      std::memcpy(full.data() + s.opt_offset, o.state, s.opt_elems * 4);
+    }
+  }
+  if (s.world_size > 1) {
+    auto done = s.comm_worker.Submit([&] {
+      return s.world->AllReduce(full.data(), full.data(), full.size(), DType::kF32, ReduceOp::kSum).Wait();
+    });
+    STRATA_RETURN_IF_ERROR(done.get());
+  }
+  out->assign(full.begin() + t.offset, full.begin() + t.offset + t.numel);
+  return OkStatus();
+}
+
+}  // namespace strata

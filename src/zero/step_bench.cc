@@ -1,0 +1,179 @@
+#include "zero/step_bench.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "strata/device.h"
+#include "strata/engine.h"
+#include "strata/timeline.h"
+#include "strata/units.h"
+
+namespace strata::zero {
+namespace {
+
+std::string Fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof(b), f, v);
+  return b;
+}
+
+Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const TrainSpec& spec, Timeline* timeline,
+                             bool print_losses) {
+  DeviceOptions dopt;
+  dopt.kind = config.strata.device;
+  dopt.index = config.strata.device_index;
+  dopt.capacity = config.strata.device_budget;
+  STRATA_ASSIGN_OR_RETURN(auto device, CreateDevice(dopt));
+  auto modules = model::MlpModules(spec.model);
+  ParamInit init = [&](int m, int t, int64_t b, int64_t n, float* out) {
+    model::InitTensorSlice(spec.model, m, t, b, n, out);
+  };
+  EngineResources res{&world, device.get()};
+  res.timeline = timeline;
+  STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, modules, init, res));
+  TrainSpec run_spec = spec;
+  run_spec.steps = spec.steps + 1;  // one warm-up step records the pattern and touches memory
+  STRATA_ASSIGN_OR_RETURN(TrainLog log, TrainWithEngine(*engine, world, config, run_spec));
+  StepBenchRun r;
+  r.layout = engine->layout_info();
+  r.losses = log.losses;
+  const int n = spec.steps;
+  for (int i = 1; i <= n; ++i) {
+    const StepTiming& t = log.timing[i];
+    r.timing.forward_backward_s += t.forward_backward_s / n;
+    r.timing.hooks_s += t.hooks_s / n;
+    r.timing.step_s += t.step_s / n;
+  }
+  r.step_s = r.timing.total_s();
+  r.last = log.results.back();
+  if (print_losses && world.rank() == 0) {
+    for (size_t i = 0; i < log.losses.size(); ++i) {
+      std::printf("step %3zu  loss %.5f  %s%s\n", i, log.losses[i], FormatSeconds(log.timing[i].total_s()).c_str(),
+                  log.skipped[i] ? "  (skipped: fp16 overflow)" : "");
+    }
+  }
+  return r;
+}
+
+nlohmann::json RunJson(const StepBenchRun& r) {
+  const StepResult& s = r.last;
+  return {{"step_s", r.step_s},
+          {"forward_backward_s", r.timing.forward_backward_s},
+          {"compute_s", r.timing.compute_s()},
+          {"hook_wait_s", r.timing.hooks_s},
+          {"step_call_s", r.timing.step_s},
+          {"step_wait_s", s.step_wait_s},
+          {"optimizer_busy_s", s.optimizer_busy_s},
+          {"comm_busy_s", s.comm_busy_s},
+          {"io_busy_s", s.io_busy_s},
+          {"speculative_steps", s.speculative_steps},
+          {"redone_steps", s.redone_steps},
+          {"bytes",
+           {{"nvme_read", s.bytes_nvme_read},
+            {"nvme_write", s.bytes_nvme_written},
+            {"h2d", s.bytes_h2d},
+            {"d2h", s.bytes_d2h},
+            {"collectives", s.bytes_comm}}},
+          {"high_water", {{"device", s.device_high_water}, {"host", s.host_high_water}}},
+          {"losses", r.losses}};
+}
+
+}  // namespace
+
+Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions& o, std::string* text) {
+  const Config& c = o.config;
+  Timeline timeline(!c.strata.trace_file.empty());
+  STRATA_ASSIGN_OR_RETURN(StepBenchRun main, RunOnce(world, c, o.spec, &timeline, o.print_losses));
+  if (!c.strata.trace_file.empty() && world.rank() == 0) {
+    STRATA_RETURN_IF_ERROR(timeline.WriteChromeTrace(c.strata.trace_file));
+  }
+  nlohmann::json j;
+  j["config"] = ConfigToJson(c);
+  j["world_size"] = world.size();
+  j["model"] = {{"params", main.layout.num_params},
+                {"chunks", main.layout.num_chunks},
+                {"chunk_elems", main.layout.chunk_elems},
+                {"micro_batch", o.spec.micro_batch},
+                {"hidden", o.spec.model.hidden}};
+  j["budget_need"] = {{"device", main.layout.device_need}, {"host", main.layout.host_need},
+                      {"nvme", main.layout.nvme_need}};
+  j["run"] = RunJson(main);
+
+  const bool nvme = c.zero.offload_optimizer.device == OffloadDevice::kNvme ||
+                    c.zero.offload_param.device == OffloadDevice::kNvme;
+  std::string nvme_dir;
+  if (nvme) {
+    const auto& p = !c.zero.offload_optimizer.nvme_path.empty() ? c.zero.offload_optimizer.nvme_path
+                                                                 : c.zero.offload_param.nvme_path;
+    nvme_dir = p.empty() ? std::string() : p.front();
+  }
+  StepModel model;
+  if (o.measure_rates) {
+    const int64_t opt_params = main.layout.num_chunks * (c.zero.stage == 0 ? main.layout.chunk_elems
+                                                                           : main.layout.shard_elems);
+    STRATA_ASSIGN_OR_RETURN(LaneRates rates, MeasureLaneRates(nvme_dir, opt_params));
+    LaneWork w;
+    w.compute_s = main.timing.compute_s();
+    w.adam_params = static_cast<double>(opt_params);
+    w.copy_bytes = static_cast<double>(main.last.bytes_h2d + main.last.bytes_d2h);
+    w.comm_bytes = static_cast<double>(main.last.bytes_comm);
+    w.nvme_read_bytes = static_cast<double>(main.last.bytes_nvme_read);
+    w.nvme_write_bytes = static_cast<double>(main.last.bytes_nvme_written);
+    model = ModelStep(rates, w, /*shared_cpu=*/c.strata.device != DeviceKind::kCuda);
+    j["rates"] = {{"adam_params_per_s", rates.adam_params_per_s},
+                  {"copy_bytes_per_s", rates.copy_bytes_per_s},
+                  {"nvme_read_bytes_per_s", rates.nvme_read_bytes_per_s},
+                  {"nvme_write_bytes_per_s", rates.nvme_write_bytes_per_s},
+                  {"nvme_backend", rates.nvme_backend}};
+    j["model_time"] = ToJson(model);
+    j["overlap_efficiency"] = model.bound_s / main.step_s;
+  }
+  std::string out;
+  out += "step: " + std::to_string(main.layout.num_params) + " params, stage " + std::to_string(c.zero.stage) +
+         ", optimizer on " + std::string(OffloadDeviceName(c.zero.offload_optimizer.device)) + ", params on " +
+         std::string(OffloadDeviceName(c.zero.offload_param.device)) + ", overlap " +
+         (c.strata.overlap ? "on" : "off") + ", world " + std::to_string(world.size()) + "\n";
+  out += "  step time            " + FormatSeconds(main.step_s) + "\n";
+  out += "  compute (fwd+bwd)    " + FormatSeconds(main.timing.compute_s()) + "\n";
+  out += "  waits in hooks       " + FormatSeconds(main.timing.hooks_s) + "\n";
+  out += "  Step() call          " + FormatSeconds(main.timing.step_s) + "  (waiting for work in flight " +
+         FormatSeconds(main.last.step_wait_s) + ")\n";
+  out += "  lanes busy           optimizer " + FormatSeconds(main.last.optimizer_busy_s) + ", collectives " +
+         FormatSeconds(main.last.comm_busy_s) + ", I/O " + FormatSeconds(main.last.io_busy_s) + "\n";
+  out += "  bytes                nvme read " + FormatBytes(main.last.bytes_nvme_read) + ", nvme write " +
+         FormatBytes(main.last.bytes_nvme_written) + ", h2d " + FormatBytes(main.last.bytes_h2d) + ", d2h " +
+         FormatBytes(main.last.bytes_d2h) + ", collectives " + FormatBytes(main.last.bytes_comm) + "\n";
+  out += "  high water           device " + FormatBytes(main.last.device_high_water) + " (budget " +
+         (c.strata.device_budget ? FormatBytes(c.strata.device_budget) : std::string("sim default")) +
+         "), host " + FormatBytes(main.last.host_high_water) + " (budget " +
+         (c.strata.host_budget ? FormatBytes(c.strata.host_budget) : std::string("derived")) + ")\n";
+  out += "  speculative steps    " + std::to_string(main.last.speculative_steps) + " chunks, redone " +
+         std::to_string(main.last.redone_steps) + "\n";
+  if (o.measure_rates) {
+    out += "  model: bound " + FormatSeconds(model.bound_s) + " (cpu lanes " + FormatSeconds(model.cpu_s) +
+           ", nvme " + FormatSeconds(model.nvme_s) + "), serial " + FormatSeconds(model.serial_s) +
+           ", overlap efficiency (bound / measured) " + Fmt("%.2f", model.bound_s / main.step_s) + "\n";
+  }
+  if (o.compare_serial && c.strata.overlap) {
+    Config serial = c;
+    serial.strata.overlap = false;
+    serial.strata.trace_file.clear();
+    STRATA_ASSIGN_OR_RETURN(StepBenchRun off, RunOnce(world, serial, o.spec, nullptr, false));
+    j["serial_run"] = RunJson(off);
+    double speedup = off.step_s / main.step_s;
+    j["speedup"] = speedup;
+    out += "  overlap off: step " + FormatSeconds(off.step_s) + "; speedup " + Fmt("%.2f", speedup) + "x";
+    if (o.measure_rates && model.bound_s > 0) {
+      double predicted = model.serial_s / model.bound_s;
+      j["predicted_speedup"] = predicted;
+      j["speedup_fraction_of_predicted"] = speedup / predicted;
+      out += " (model predicts " + Fmt("%.2f", predicted) + "x: " + Fmt("%.0f%%", 100 * speedup / predicted) +
+             " of it)";
+    }
+    out += "\n";
+  }
+  if (text) *text = out;
+  return j;
+}
+
+}  // namespace strata::zero

@@ -1,0 +1,135 @@
+#include "zero/step_model.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "strata/adam.h"
+#include "strata/host_arena.h"
+#include "strata/io.h"
+#include "strata/units.h"
+
+namespace strata::zero {
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Result<double> MeasureAdam(int64_t n) {
+  std::vector<float> p(n, 0.1f), m(n, 0.0f), v(n, 0.0f), g(n, 0.01f);
+  std::vector<uint16_t> out(n);
+  AdamParams ap;
+  STRATA_RETURN_IF_ERROR(AdamStep(ap, p.data(), m.data(), v.data(), GradView{g.data(), DType::kF32}, n,
+                                  Copy16{out.data(), DType::kBf16}));  // first touch
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    ap.step = 2 + i;
+    STRATA_RETURN_IF_ERROR(AdamStep(ap, p.data(), m.data(), v.data(), GradView{g.data(), DType::kF32}, n,
+                                    Copy16{out.data(), DType::kBf16}));
+    best = std::min(best, Since(t0));
+  }
+  return n / best;
+}
+
+double MeasureCopy() {
+  const size_t bytes = 64 << 20;
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    best = std::min(best, Since(t0));
+  }
+  return bytes / best;
+}
+
+Status MeasureNvme(const std::string& dir, LaneRates* rates) {
+  const uint64_t file_bytes = 256ull << 20, block = 1 << 20;
+  const int depth = 32;
+  IoEngineOptions o;
+  o.block_size = block;
+  o.queue_depth = depth;
+  STRATA_ASSIGN_OR_RETURN(auto io, IoEngine::Create(o));
+  rates->nvme_backend = std::string(io->backend_name());
+  HostArenaOptions ao;
+  ao.bytes = depth * block;
+  STRATA_ASSIGN_OR_RETURN(auto arena, HostArena::Create(ao));
+  IoBufferRegion region{arena->base(), arena->size()};
+  // Without fixed buffers the pass still measures, a little slower; not an error here.
+  io->RegisterBuffers({&region, 1}).IgnoreError();
+  std::filesystem::create_directories(dir);
+  std::string path = dir + "/strata-lane-probe.tmp";
+  STRATA_ASSIGN_OR_RETURN(int file, io->RegisterFile(path, /*create=*/true));
+  auto pass = [&](IoOp op) -> Result<double> {
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<IoRequest> reqs;
+    for (uint64_t off = 0; off < file_bytes; off += block) {
+      IoRequest r;
+      r.op = op;
+      r.file = file;
+      r.offset = off;
+      r.length = block;
+      r.buffer = static_cast<char*>(arena->base()) + (off / block % depth) * block;
+      reqs.push_back(r);
+    }
+    STRATA_ASSIGN_OR_RETURN(IoHandle h, io->Submit(reqs));
+    STRATA_RETURN_IF_ERROR(h.Wait());
+    return file_bytes / Since(t0);
+  };
+  // The first write fills fresh extents; measure overwrites and reads after it.
+  STRATA_RETURN_IF_ERROR(pass(IoOp::kWrite).status());
+  STRATA_ASSIGN_OR_RETURN(rates->nvme_write_bytes_per_s, pass(IoOp::kWrite));
+  STRATA_ASSIGN_OR_RETURN(rates->nvme_read_bytes_per_s, pass(IoOp::kRead));
+  STRATA_RETURN_IF_ERROR(io->UnregisterFile(file));
+  std::filesystem::remove(path);
+  return OkStatus();
+}
+
+}  // namespace
+
+Result<LaneRates> MeasureLaneRates(const std::string& nvme_dir, int64_t adam_params) {
+  LaneRates r;
+  STRATA_ASSIGN_OR_RETURN(r.adam_params_per_s, MeasureAdam(std::max<int64_t>(adam_params, 1 << 20)));
+  r.copy_bytes_per_s = MeasureCopy();
+  if (!nvme_dir.empty()) STRATA_RETURN_IF_ERROR(MeasureNvme(nvme_dir, &r));
+  return r;
+}
+
+StepModel ModelStep(const LaneRates& rates, const LaneWork& w, bool shared_cpu) {
+  StepModel m;
+  auto rate = [](double work, double r) { return work > 0 && r > 0 ? work / r : 0.0; };
+  double adam = rate(w.adam_params, rates.adam_params_per_s);
+  double copy = rate(w.copy_bytes, rates.copy_bytes_per_s);
+  // Host collectives on one machine move memory through the same cores.
+  double comm = rate(w.comm_bytes, rates.copy_bytes_per_s);
+  double rd = rate(w.nvme_read_bytes, rates.nvme_read_bytes_per_s);
+  double wr = rate(w.nvme_write_bytes, rates.nvme_write_bytes_per_s);
+  m.lanes = {{"compute", w.compute_s}, {"cpu_adam", adam}, {"copies", copy},
+             {"collectives", comm},    {"nvme_read", rd},  {"nvme_write", wr}};
+  m.nvme_s = rd + wr;  // one disk: reads and writes share it
+  if (shared_cpu) {
+    m.cpu_s = w.compute_s + adam + copy + comm;
+    m.bound_s = std::max(m.cpu_s, m.nvme_s);
+  } else {
+    m.cpu_s = adam;
+    m.bound_s = std::max({w.compute_s, adam, copy, comm, m.nvme_s});
+  }
+  for (auto& [name, s] : m.lanes) m.serial_s += s;
+  return m;
+}
+
+nlohmann::json ToJson(const StepModel& m) {
+  nlohmann::json lanes = nlohmann::json::object();
+  for (auto& [name, s] : m.lanes) lanes[name] = s;
+  return {{"lanes_s", lanes}, {"cpu_s", m.cpu_s}, {"nvme_s", m.nvme_s}, {"bound_s", m.bound_s},
+          {"serial_s", m.serial_s}};
+}
+
+}  // namespace strata::zero

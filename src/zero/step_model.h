@@ -1,0 +1,53 @@
+// The step-time model: from the bandwidth of each lane, measured on this machine in the
+// same run, and the work each lane must do in one step, the time a step cannot beat
+// (the bound) and the time it would take if nothing overlapped (the serial time).
+//
+// Lanes that share a resource count as one: on the sim device the model's compute, the
+// CPU Adam, the host<->device copies and the host collectives all run on the same CPU
+// cores, so the bound is max(sum of the CPU lanes, sum of the NVMe lanes) there; on a
+// GPU, compute, copies and the CPU Adam are separate resources.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/status.h"
+
+namespace strata::zero {
+
+struct LaneRates {
+  double adam_params_per_s = 0;  // CPU Adam, fp32 grads with the 16-bit copy
+  double copy_bytes_per_s = 0;   // memcpy between pinned buffers (the sim device's copies)
+  double nvme_read_bytes_per_s = 0;
+  double nvme_write_bytes_per_s = 0;
+  std::string nvme_backend;
+};
+
+// Measures the rates: Adam over `adam_params` parameters, memcpy over 64 MiB, and when
+// nvme_dir is not empty, O_DIRECT reads and writes of a 256 MiB file there with the
+// I/O engine (1 MiB blocks, queue depth 32). Takes a few seconds.
+Result<LaneRates> MeasureLaneRates(const std::string& nvme_dir, int64_t adam_params);
+
+struct LaneWork {
+  double compute_s = 0;  // measured: the model's passes without the hooks' waits
+  double adam_params = 0;
+  double copy_bytes = 0;
+  double comm_bytes = 0;
+  double nvme_read_bytes = 0;
+  double nvme_write_bytes = 0;
+};
+
+struct StepModel {
+  std::vector<std::pair<std::string, double>> lanes;  // name -> seconds
+  double cpu_s = 0, nvme_s = 0;
+  double bound_s = 0;   // the time a step cannot beat
+  double serial_s = 0;  // the sum of every lane
+};
+
+StepModel ModelStep(const LaneRates& rates, const LaneWork& work, bool shared_cpu);
+nlohmann::json ToJson(const StepModel& m);
+
+}  // namespace strata::zero

@@ -1,0 +1,182 @@
+#include "zero/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "strata/adam.h"
+#include "strata/grad_stats.h"
+#include "strata/half.h"
+#include "strata/loss_scaler.h"
+#include "strata/mlp_kernels.h"
+
+namespace strata::zero {
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Forwards the hooks to the engine and adds up the time spent inside them.
+class TimedHooks : public model::MlpHooks {
+ public:
+  explicit TimedHooks(Engine& engine) : engine_(engine) {}
+  double seconds = 0;
+
+ private:
+  template <typename F>
+  auto Time(F&& f) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = f();
+    seconds += Seconds(t0, std::chrono::steady_clock::now());
+    return r;
+  }
+  Engine& engine_;
+
+ public:
+  Result<model::ModuleParams> BeforeForward(int m) override { return Time([&] { return engine_.BeforeForward(m); }); }
+  Status AfterForward(int m) override { return Time([&] { return engine_.AfterForward(m); }); }
+  Result<model::ModuleBackward> BeforeBackward(int m) override {
+    return Time([&] { return engine_.BeforeBackward(m); });
+  }
+  Status AfterBackward(int m) override { return Time([&] { return engine_.AfterBackward(m); }); }
+};
+
+}  // namespace
+
+Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Config& config, const TrainSpec& spec) {
+  model::Mlp mlp(spec.model);
+  model::SyntheticData data(spec.model, spec.data);
+  model::Batch batch;
+  TrainLog log;
+  const int accum = config.gradient_accumulation_steps;
+  for (int step = 0; step < spec.steps; ++step) {
+    double loss = 0;
+    const double scale = engine.loss_scale();
+    TimedHooks hooks(engine);
+    StepTiming timing;
+    auto t0 = std::chrono::steady_clock::now();
+    for (int m = 0; m < accum; ++m) {
+      model::BatchSlice slice{step, world.rank(), world.size(), m, accum, spec.micro_batch};
+      STRATA_RETURN_IF_ERROR(data.Fill(slice, &batch));
+      STRATA_RETURN_IF_ERROR(engine.BeginMicroBatch());
+      // Dividing by G / scale multiplies the loss (and every gradient) by the loss scale.
+      STRATA_ASSIGN_OR_RETURN(double l,
+                              mlp.ForwardBackward(batch, static_cast<double>(slice.GlobalBatchSize()) / scale, hooks));
+      loss += l / scale;
+    }
+    auto t1 = std::chrono::steady_clock::now();
+    STRATA_ASSIGN_OR_RETURN(StepResult r, engine.Step());
+    timing.forward_backward_s = Seconds(t0, t1);
+    timing.hooks_s = hooks.seconds;
+    timing.step_s = Seconds(t1, std::chrono::steady_clock::now());
+    log.timing.push_back(timing);
+    if (world.size() > 1) {
+      // Each rank's partial loss as the bits of a double, summed in rank order.
+      std::vector<double> all(world.size());
+      STRATA_RETURN_IF_ERROR(world.AllGather(&loss, all.data(), 2, DType::kF32).Wait());
+      loss = 0;
+      for (double l : all) loss += l;
+    }
+    log.losses.push_back(loss);
+    log.skipped.push_back(r.skipped);
+    log.loss_scales.push_back(r.loss_scale);
+    log.clip_coefs.push_back(r.clip_coef);
+    log.results.push_back(r);
+  }
+  return log;
+}
+
+Result<ReferenceRun> TrainReference(const Config& config, const TrainSpec& spec, int world_size) {
+  const DType compute = config.bf16 ? DType::kBf16
+                               : config.fp16.enabled ? DType::kFp16 : DType::kF32;
+  model::Mlp mlp(spec.model);
+  model::DenseMlp dense(spec.model, compute);
+  model::SyntheticData data(spec.model, spec.data);
+  STRATA_ASSIGN_OR_RETURN(LossScaler scaler, LossScaler::Create(LossScalerOptions::FromConfig(config)));
+  const int n_mod = dense.num_modules();
+  // fp32 master, Adam m and v, and the accumulated gradient, per tensor.
+  std::vector<std::vector<std::vector<float>>> m(n_mod), v(n_mod), acc(n_mod);
+  for (int k = 0; k < n_mod; ++k) {
+    for (auto& t : dense.params(k)) {
+      m[k].emplace_back(t.size(), 0.0f);
+      v[k].emplace_back(t.size(), 0.0f);
+      acc[k].emplace_back(t.size(), 0.0f);
+    }
+  }
+  AdamParams adam;
+  adam.lr = static_cast<float>(config.optimizer.lr);
+  adam.beta1 = static_cast<float>(config.optimizer.beta1);
+  adam.beta2 = static_cast<float>(config.optimizer.beta2);
+  adam.eps = static_cast<float>(config.optimizer.eps);
+  adam.weight_decay = static_cast<float>(config.optimizer.weight_decay);
+  adam.adamw = config.optimizer.type == OptimizerType::kAdamW;
+  int64_t steps_taken = 0;
+  ReferenceRun run;
+  model::Batch batch;
+  const int accum = config.gradient_accumulation_steps;
+  for (int step = 0; step < spec.steps; ++step) {
+    const double scale = scaler.scale();
+    double loss = 0;
+    for (auto& mod : acc) {
+      for (auto& t : mod) std::fill(t.begin(), t.end(), 0.0f);
+    }
+    for (int mb = 0; mb < accum; ++mb) {
+      // All ranks' micro-batch mb at once: one rank with a world_size times larger one.
+      // fp16 is the exception: a data-parallel rank's gradient is rounded to fp16 before
+      // the ranks' gradients are summed (where overflow shows), so the reference computes
+      // each rank's part separately, rounds it, and sums them in rank order.
+      const bool per_rank = compute == DType::kFp16;
+      for (int r = 0; r < (per_rank ? world_size : 1); ++r) {
+        model::BatchSlice slice = per_rank ? model::BatchSlice{step, r, world_size, mb, accum, spec.micro_batch}
+                                           : model::BatchSlice{step, 0, 1, mb, accum, spec.micro_batch * world_size};
+        STRATA_RETURN_IF_ERROR(data.Fill(slice, &batch));
+        dense.set_accumulate(false);
+        STRATA_ASSIGN_OR_RETURN(
+            double l, mlp.ForwardBackward(batch, static_cast<double>(slice.GlobalBatchSize()) / scale, dense));
+        loss += l / scale;
+        for (int k = 0; k < n_mod; ++k) {
+          for (size_t t = 0; t < acc[k].size(); ++t) {
+            auto& g = dense.grads(k)[t];
+            for (size_t i = 0; i < g.size(); ++i) {
+              acc[k][t][i] += per_rank ? Fp16ToFloat(FloatToFp16(g[i])) : g[i];
+            }
+          }
+        }
+      }
+    }
+    GradStats stats;
+    for (auto& mod : acc) {
+      for (auto& t : mod) stats.Merge(ComputeGradStatsReference(GradView{t.data(), DType::kF32}, t.size()));
+    }
+    const bool overflow = stats.has_inf_nan;
+    double clip = 1;
+    const double norm = std::sqrt(stats.sum_sq) / scale;
+    if (!overflow && config.gradient_clipping > 0) {
+      double c = config.gradient_clipping / (norm + 1e-6);
+      if (c < 1) clip = c;
+    }
+    run.log.losses.push_back(loss);
+    run.log.skipped.push_back(overflow);
+    run.log.loss_scales.push_back(scale);
+    run.log.clip_coefs.push_back(clip);
+    if (!overflow) {
+      ++steps_taken;
+      adam.step = steps_taken;
+      adam.grad_scale = clip == 1 ? scaler.grad_scale() : static_cast<float>(clip / scale);
+      for (int k = 0; k < n_mod; ++k) {
+        for (size_t t = 0; t < acc[k].size(); ++t) {
+          auto& p = dense.params(k)[t];
+          STRATA_RETURN_IF_ERROR(AdamStepReference(adam, p.data(), m[k][t].data(), v[k][t].data(),
+                                                   GradView{acc[k][t].data(), DType::kF32}, p.size()));
+        }
+      }
+      dense.SyncCompute();
+    }
+    STRATA_RETURN_IF_ERROR(scaler.Update(overflow));
+  }
+  for (int k = 0; k < n_mod; ++k) run.params.push_back(dense.params(k));
+  return run;
+}
+
+}  // namespace strata::zero

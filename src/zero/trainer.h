@@ -1,0 +1,56 @@
+// Training loops for the reference MLP: one driven by the Engine (any stage, offload,
+// world size) and the plain reference it is tested against (one rank, no sharding, no
+// offload, everything in memory, the same data and the same precision rules).
+#pragma once
+
+#include <vector>
+
+#include "strata/comm.h"
+#include "strata/config.h"
+#include "strata/engine.h"
+#include "strata/mlp.h"
+#include "strata/model.h"
+
+namespace strata::zero {
+
+struct TrainSpec {
+  model::MlpSpec model;
+  model::DataSpec data;
+  int steps = 20;
+  int64_t micro_batch = 4;  // per rank
+};
+
+// Wall time of one step on the training thread.
+struct StepTiming {
+  double forward_backward_s = 0;  // the model's passes, hooks included
+  double hooks_s = 0;             // inside the engine's hooks (gathers, waits for buffers)
+  double step_s = 0;              // inside Engine::Step()
+  double compute_s() const { return forward_backward_s - hooks_s; }
+  double total_s() const { return forward_backward_s + step_s; }
+};
+
+struct TrainLog {
+  std::vector<StepTiming> timing;
+  std::vector<double> losses;       // global mean loss of each step (before its update)
+  std::vector<bool> skipped;        // fp16 overflow steps
+  std::vector<double> loss_scales;  // the scale each step's backward used
+  std::vector<double> clip_coefs;
+  std::vector<StepResult> results;  // engine runs only
+};
+
+// Runs spec.steps steps of the engine. Every rank calls it; the loss is reduced over
+// `world` (host collectives, issued after each Step).
+Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Config& config, const TrainSpec& spec);
+
+// The reference: a DenseMlp holding fp32 master parameters (and the 16-bit compute copy
+// when bf16/fp16 is on), gradients accumulated over micro-batches in fp32 (fp16: each
+// micro-batch's gradient rounded to fp16 first, as the engine does), DeepSpeed's loss
+// scaling and clipping rules, and the double-precision AdamStepReference. The global
+// batch of `world_size` ranks is computed on one rank.
+struct ReferenceRun {
+  TrainLog log;
+  std::vector<std::vector<std::vector<float>>> params;  // [module][tensor] final fp32
+};
+Result<ReferenceRun> TrainReference(const Config& config, const TrainSpec& spec, int world_size);
+
+}  // namespace strata::zero

@@ -1,0 +1,87 @@
+// Failure paths across ranks: a rank that never joins a collective makes the others'
+// watchdog fire with a report; a configuration that differs between ranks is caught.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "strata/comm.h"
+#include "strata/config.h"
+
+namespace strata {
+namespace {
+
+std::unique_ptr<Communicator> MakeWorld(const std::string& name, double timeout_s) {
+  CommOptions o;
+  o.name = name;
+  o.collective_timeout_s = timeout_s;
+  auto w = InitWorld(o);
+  STRATA_CHECK_MSG(w.ok(), w.status().ToString());
+  return std::move(w).value();
+}
+
+TEST(Watchdog, RankThatNeverJoinsIsReported) {
+  auto control = MakeWorld("control", 60);
+  auto c = MakeWorld("watched", 0.5);
+  const int missing = c->size() - 1;
+  ASSERT_TRUE(c->Barrier().Wait().ok());  // #1, entered and finished by everyone
+  if (c->rank() != missing) {
+    std::vector<float> buf(64, 1.0f);
+    auto t0 = std::chrono::steady_clock::now();
+    Status s = c->AllReduce(buf.data(), buf.data(), buf.size(), DType::kF32, ReduceOp::kSum).Wait();  // #2
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
+    EXPECT_GE(waited, 0.5);
+    EXPECT_LT(waited, 5.0) << "the watchdog should fire soon after the 0.5 s limit";
+    const std::string& m = s.message();
+    EXPECT_NE(m.find("#2 AllReduce f32 x64"), std::string::npos) << m;
+    EXPECT_NE(m.find("'watched' (rank " + std::to_string(c->rank()) + " of " + std::to_string(c->size())),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("rank " + std::to_string(missing) + ": last entered #1 Barrier (finished)"), std::string::npos)
+        << m;
+    EXPECT_NE(m.find("rank 0: last entered #2 AllReduce"), std::string::npos) << m;
+    // The communicator is failed for good: later collectives say so at once.
+    Status later = c->Barrier().Wait();
+    EXPECT_EQ(later.code(), StatusCode::kAborted) << later.ToString();
+    EXPECT_NE(later.message().find("failed earlier"), std::string::npos) << later.ToString();
+  }
+  // Everyone meets again on a healthy communicator, then frees the failed one together.
+  ASSERT_TRUE(control->Barrier().Wait().ok());
+  c.reset();
+  EXPECT_TRUE(control->Barrier().Wait().ok());
+}
+
+TEST(Consistency, SameConfigPasses) {
+  auto c = MakeWorld("consistency", 30);
+  Config config;
+  EXPECT_TRUE(CheckConsistency(*c, "config", ConfigToJson(config)).ok());
+}
+
+TEST(Consistency, MismatchNamesTheFirstDifferingKeyOnEveryRank) {
+  auto c = MakeWorld("consistency", 30);
+  Config config;
+  if (c->rank() == 1) config.zero.stage = 3;
+  if (c->rank() == c->size() - 1 && c->size() > 2) config.aio.queue_depth = 7;  // a later rank differs elsewhere
+  Status s = CheckConsistency(*c, "config", ConfigToJson(config));
+  ASSERT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("rank 1 has zero_optimization.stage = 3, rank 0 has 0"), std::string::npos)
+      << s.message();
+  std::string n_differ = std::to_string(c->size() > 2 ? 2 : 1) + " of " + std::to_string(c->size()) + " ranks";
+  EXPECT_NE(s.message().find(n_differ), std::string::npos) << s.message();
+  // The communicator is still usable: the check left nothing unmatched.
+  EXPECT_TRUE(c->Barrier().Wait().ok());
+}
+
+TEST(Consistency, LayoutArraysCompareByIndex) {
+  auto c = MakeWorld("consistency", 30);
+  nlohmann::json layout = {{"tensors", {{{"name", "w0"}, {"numel", 1024}}, {{"name", "w1"}, {"numel", 4096}}}}};
+  if (c->rank() == c->size() - 1) layout["tensors"][1]["numel"] = 4095;
+  Status s = CheckConsistency(*c, "model layout", layout);
+  ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("model layout mismatch"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("tensors[1].numel = 4095, rank 0 has 4096"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace strata

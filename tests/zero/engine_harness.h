@@ -1,0 +1,166 @@
+// Shared by the engine tests: a small MLP, configurations for every stage and offload
+// combination, and a runner that trains with the engine on the sim device.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+#include <nlohmann/json.hpp>
+
+#include "strata/comm.h"
+#include "strata/config.h"
+#include "strata/device.h"
+#include "strata/engine.h"
+#include "zero/trainer.h"
+
+namespace strata::testing {
+
+struct Combo {
+  int stage;
+  const char* opt;    // offload_optimizer.device
+  const char* param;  // offload_param.device
+};
+
+// Every combination DeepSpeed allows: offload needs stage >= 1, NVMe optimizer offload
+// and parameter offload need stage 3.
+inline std::vector<Combo> AllCombos() {
+  std::vector<Combo> c = {{0, "none", "none"}, {1, "none", "none"}, {1, "cpu", "none"},
+                          {2, "none", "none"}, {2, "cpu", "none"}};
+  for (const char* o : {"none", "cpu", "nvme"}) {
+    for (const char* p : {"none", "cpu", "nvme"}) c.push_back({3, o, p});
+  }
+  return c;
+}
+
+inline std::string ComboName(const Combo& c) {
+  return "stage" + std::to_string(c.stage) + "/opt=" + c.opt + "/param=" + c.param;
+}
+
+// A swap directory private to this run. Every rank must name the same one (the config
+// is checked for equality across ranks; files are named per rank): under mpirun the
+// ranks share their parent process (the launcher's daemon), alone a process uses its own.
+inline std::string SwapDir() {
+  const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+  const long id = under_mpirun ? static_cast<long>(getppid()) : static_cast<long>(getpid());
+  auto dir = std::filesystem::temp_directory_path() / ("strata-engine-test-" + std::to_string(id));
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+inline Config MakeConfig(const Combo& c, const std::string& extra_json = "") {
+  const std::string swap = SwapDir();
+  nlohmann::json j = {
+      {"zero_optimization", {{"stage", c.stage}}},
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}, {"weight_decay", 0.01}}}}},
+      {"strata", {{"device", "sim"}, {"chunk_size", "16KiB"}}}};
+  if (std::string(c.opt) != "none") {
+    j["zero_optimization"]["offload_optimizer"] = {{"device", c.opt}, {"nvme_path", swap}};
+  }
+  if (std::string(c.param) != "none") {
+    j["zero_optimization"]["offload_param"] = {{"device", c.param}, {"nvme_path", swap}};
+  }
+  if (!extra_json.empty()) j.merge_patch(nlohmann::json::parse(extra_json));
+  auto cfg = ParseConfig(j);
+  EXPECT_TRUE(cfg.ok()) << cfg.status().ToString() << "\n" << j.dump();
+  return cfg.ok() ? *cfg : Config{};
+}
+
+inline zero::TrainSpec SmallSpec(int steps = 20) {
+  zero::TrainSpec spec;
+  spec.model.input_dim = 64;
+  spec.model.hidden = {96, 80, 64};
+  spec.model.output_dim = 10;
+  spec.model.loss = model::LossKind::kMse;
+  spec.model.seed = 7;
+  spec.data.seed = 11;
+  spec.steps = steps;
+  spec.micro_batch = 8;
+  return spec;
+}
+
+struct EngineRun {
+  zero::TrainLog log;
+  std::vector<std::vector<std::vector<float>>> params;  // [module][tensor]
+  uint64_t device_high_water = 0, device_capacity = 0;
+  uint64_t host_need = 0;
+  Status status;
+};
+
+inline EngineRun RunEngine(Communicator& world, const Config& config, const zero::TrainSpec& spec) {
+  EngineRun run;
+  DeviceOptions dopt;
+  dopt.kind = DeviceKind::kSim;
+  dopt.capacity = config.strata.device_budget;
+  auto dev = CreateDevice(dopt);
+  if (!dev.ok()) {
+    run.status = dev.status();
+    return run;
+  }
+  auto modules = model::MlpModules(spec.model);
+  ParamInit init = [&](int m, int t, int64_t b, int64_t n, float* out) {
+    model::InitTensorSlice(spec.model, m, t, b, n, out);
+  };
+  auto engine = Engine::Create(config, modules, init, EngineResources{&world, dev->get()});
+  if (!engine.ok()) {
+    run.status = engine.status();
+    return run;
+  }
+  auto log = zero::TrainWithEngine(**engine, world, config, spec);
+  if (!log.ok()) {
+    run.status = log.status();
+    return run;
+  }
+  run.log = *log;
+  for (size_t m = 0; m < modules.size(); ++m) {
+    run.params.emplace_back();
+    for (size_t t = 0; t < modules[m].tensors.size(); ++t) {
+      std::vector<float> p;
+      run.status = (*engine)->GatherMaster(static_cast<int>(m), static_cast<int>(t), &p);
+      if (!run.status.ok()) return run;
+      run.params.back().push_back(std::move(p));
+    }
+  }
+  run.device_high_water = (*dev)->high_water();
+  run.device_capacity = (*dev)->capacity();
+  run.host_need = (*engine)->layout_info().host_need;
+  return run;
+}
+
+// Largest |a - b| / (atol + rtol |b|) over every parameter; <= 1 means within tolerance.
+inline double ParamError(const EngineRun& run, const zero::ReferenceRun& ref, double atol, double rtol) {
+  double worst = 0;
+  for (size_t m = 0; m < ref.params.size(); ++m) {
+    for (size_t t = 0; t < ref.params[m].size(); ++t) {
+      const auto& a = run.params[m][t];
+      const auto& b = ref.params[m][t];
+      if (a.size() != b.size()) return INFINITY;
+      for (size_t i = 0; i < a.size(); ++i) {
+        worst = std::max(worst, std::fabs(double(a[i]) - b[i]) / (atol + rtol * std::fabs(double(b[i]))));
+      }
+    }
+  }
+  return worst;
+}
+
+// Mean loss of the first and of the last four steps: the batches are small and
+// noisy, so single steps say little.
+inline bool LossWentDown(const std::vector<double>& losses) {
+  if (losses.size() < 8) return false;
+  double first = 0, last = 0;
+  for (size_t i = 0; i < 4; ++i) {
+    first += losses[i];
+    last += losses[losses.size() - 1 - i];
+  }
+  return last < 0.8 * first;
+}
+
+inline bool BitIdentical(const EngineRun& a, const EngineRun& b) {
+  return a.params == b.params && a.log.losses == b.log.losses;
+}
+
+}  // namespace strata::testing
