@@ -55,7 +55,8 @@ struct LaneResult {
 struct PolicyResult {
   std::string policy;
   double step_s = 0;
-  double stall_s = 0;
+  double stall_s = 0;         // blocked in BlockHandle::Wait()
+  double acquire_call_s = 0;  // inside Acquire() itself (scheduling, lock)
   double compute_s = 0;
   double bound_s = 0;
   std::string bound_lane;
@@ -106,7 +107,7 @@ Result<PolicyResult> RunPolicy(const SwapOptions& o, TierPolicy policy, Device& 
 
   PolicyResult r;
   r.policy = std::string(TierPolicyName(policy));
-  double step_sum = 0, stall_sum = 0, compute_sum = 0;
+  double step_sum = 0, stall_sum = 0, compute_sum = 0, call_s = 0;
   std::vector<LaneResult> lane_sum(kNumLanes);
   for (int step = 0; step < o.steps; ++step) {
     if (step == 1) {
@@ -120,6 +121,7 @@ Result<PolicyResult> RunPolicy(const SwapOptions& o, TierPolicy policy, Device& 
     for (int i = 0; i < 2 * static_cast<int>(n); ++i) {
       bool backward = i >= static_cast<int>(n);
       uint32_t c = backward ? static_cast<uint32_t>(2 * static_cast<int>(n) - 1 - i) : static_cast<uint32_t>(i);
+      auto acquire_begin = Clock::now();
       STRATA_ASSIGN_OR_RETURN(BlockHandle h, tm->Acquire(BlockId{c, 0, kWholeChunk}, Tier::kDevice,
                                                          backward ? Access::kReadWrite : Access::kRead,
                                                          backward ? "backward" : "forward"));
@@ -134,8 +136,12 @@ Result<PolicyResult> RunPolicy(const SwapOptions& o, TierPolicy policy, Device& 
         }
         STRATA_RETURN_IF_ERROR(tm->Prefetch(next));
       }
+      auto wait_begin = Clock::now();
       STRATA_RETURN_IF_ERROR(h.Wait());
       auto begin = Clock::now();
+      if (step >= 1) {
+        call_s += std::chrono::duration<double>(wait_begin - acquire_begin).count();
+      }
       std::this_thread::sleep_for(backward ? bwd : fwd);  // the layer's compute
       auto end = Clock::now();
       compute_s += std::chrono::duration<double>(end - begin).count();
@@ -153,6 +159,7 @@ Result<PolicyResult> RunPolicy(const SwapOptions& o, TierPolicy policy, Device& 
   TierTelemetry tel = tm->Telemetry();
   stall_sum = tel.stall_s;
   r.step_s = step_sum / measured;
+  r.acquire_call_s = call_s / measured;
   r.stall_s = stall_sum / measured;
   r.compute_s = compute_sum / measured;
   r.bound_s = r.compute_s;
@@ -250,6 +257,7 @@ void Run(const SwapOptions& o) {
                       {"step_s", r.step_s},
                       {"stall_s", r.stall_s},
                       {"stall_fraction", r.step_s > 0 ? r.stall_s / r.step_s : 0},
+                      {"acquire_call_s", r.acquire_call_s},
                       {"compute_s", r.compute_s},
                       {"lane_bound_s", r.bound_s},
                       {"lane_bound", r.bound_lane},
@@ -287,7 +295,8 @@ void Run(const SwapOptions& o) {
   std::printf("%s", table.Render().c_str());
   std::printf("per step; bytes per link; lane busy times:");
   for (const PolicyResult& r : results) {
-    std::printf("\n  %s: compute %s", r.policy.c_str(), FormatSeconds(r.compute_s).c_str());
+    std::printf("\n  %s: compute %s, in Acquire() calls %s", r.policy.c_str(), FormatSeconds(r.compute_s).c_str(),
+                FormatSeconds(r.acquire_call_s).c_str());
     for (const LaneResult& l : r.lanes) std::printf(", %s %s", l.name.c_str(), FormatSeconds(l.busy_s).c_str());
   }
   std::printf("\n");

@@ -49,7 +49,10 @@ bool TierManager::Impl::HasOtherValid(const Block& b, Tier t) const {
 bool TierManager::Impl::CanEvict(const Block& b, Tier t) const {
   size_t i = static_cast<size_t>(TierIndex(t));
   const Copy& c = b.copies[i];
-  if (!IsValid(b, c) || c.readers != 0 || b.pins[i] != 0 || b.holds[i] != 0) return false;
+  if (!IsValid(b, c) || c.readers != 0 || b.pins[i] != 0) return false;
+  // A host copy held for a device prefetch may go (the prefetch is cancelled); one held
+  // for a device acquisition may not.
+  if (b.holds[i] != 0 && !(t == Tier::kHost && b.want[0] == kPrefetch)) return false;
   if (t == b.home) return false;
   return true;
 }
@@ -134,6 +137,10 @@ void TierManager::Impl::FreeCopy(Block& b, Tier t) {
   size_t i = static_cast<size_t>(TierIndex(t));
   Copy& c = b.copies[i];
   if (c.state == Copy::State::kAbsent) return;
+  if (t == Tier::kHost && b.want_hold[0] && b.want[0] == kPrefetch) {
+    DropWant(b, Tier::kDevice);  // the device prefetch it was held for is cancelled
+    tele.prefetches_skipped++;
+  }
   if (c.state == Copy::State::kLeaving) leaving[i] -= b.alloc;
   FreeStorage(t, c, b.alloc);
   used[i] -= b.alloc;

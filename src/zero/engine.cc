@@ -142,6 +142,14 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, std::vector
   s.world = res.world;
   s.device = res.device;
   s.arena = res.host_arena;
+  s.timeline = res.timeline;
+  if (s.timeline) {
+    s.track_compute = s.timeline->AddTrack("engine compute");
+    s.track_comm = s.timeline->AddTrack("engine collectives");
+    s.track_fetch = s.timeline->AddTrack("engine param fetch");
+    s.track_optimizer = s.timeline->AddTrack("engine optimizer");
+    s.track_nvme = s.timeline->AddTrack("engine nvme");
+  }
   s.rank = res.world->rank();
   s.world_size = res.world->size();
   s.stage = config.zero.stage;

@@ -34,6 +34,7 @@ void* Engine::Impl::ChunkParams(int chunk) {
 Status Engine::Impl::GatherNow(int chunk, void* dst) {
   const uint64_t bytes = layout.shard_elems * csize;
   int64_t t0 = NowNs();
+  const auto span_start = std::chrono::steady_clock::now();
   Status st;
   switch (param_tier) {
     case ZeroTier::kDevice:
@@ -54,6 +55,7 @@ Status Engine::Impl::GatherNow(int chunk, void* dst) {
     }
   }
   io_busy_ns += NowNs() - t0;
+  Span(track_fetch, "fetch chunk " + std::to_string(chunk), span_start, bytes);
   return st.WithContext("fetching the parameter shard of chunk " + std::to_string(chunk));
 }
 
@@ -64,11 +66,13 @@ void Engine::Impl::StartGather(int chunk) {
   const uint64_t shard_bytes = layout.shard_elems * csize;
   void* mine = static_cast<uint8_t*>(g.buf) + rank * shard_bytes;
   std::shared_future<Status> fetched = fetch_worker.Submit([this, chunk, mine] { return GatherNow(chunk, mine); });
-  g.ready = comm_worker.Submit([this, fetched, g, mine] {
+  g.ready = comm_worker.Submit([this, fetched, g, mine, chunk] {
     STRATA_RETURN_IF_ERROR(fetched.get());
     int64_t t0 = NowNs();
+    const auto span_start = std::chrono::steady_clock::now();
     Status st = world->AllGather(mine, g.buf, layout.shard_elems, compute).Wait();
     comm_busy_ns += NowNs() - t0;
+    Span(track_comm, "all-gather chunk " + std::to_string(chunk), span_start, layout.chunk_elems * csize);
     bytes_comm += layout.chunk_elems * csize;
     return st;
   });
@@ -153,11 +157,13 @@ Result<model::ModuleParams> Engine::BeforeForward(int module) {
   for (const auto& t : s.layout.tensors[module]) {
     p.tensors.push_back(static_cast<uint8_t*>(s.ChunkParams(t.chunk)) + t.offset * s.csize);
   }
+  s.module_start = std::chrono::steady_clock::now();
   return p;
 }
 
 Status Engine::AfterForward(int module) {
   Impl& s = *impl_;
+  s.Span(s.track_compute, "forward " + s.modules[module].name, s.module_start);
   if (s.stage == 3) {
     int last = static_cast<int>(s.modules.size()) - 1;
     s.ReleaseGathered(module, module < last ? module + 1 : module);
@@ -193,11 +199,13 @@ Result<model::ModuleBackward> Engine::BeforeBackward(int module) {
     b.params.tensors.push_back(static_cast<uint8_t*>(s.ChunkParams(t.chunk)) + t.offset * s.csize);
     b.grads.tensors.push_back(s.grad_bufs[t.chunk] + t.offset);
   }
+  s.module_start = std::chrono::steady_clock::now();
   return b;
 }
 
 Status Engine::AfterBackward(int module) {
   Impl& s = *impl_;
+  s.Span(s.track_compute, "backward " + s.modules[module].name, s.module_start);
   if (s.stage == 3) s.ReleaseGathered(module, module - 1);
   for (int c : s.layout.module_chunks[module]) {
     if (--s.chunk_pending_modules[c] > 0) continue;
@@ -228,6 +236,7 @@ Status Engine::Impl::ReduceChunk(int chunk, float* grad, bool last_micro_batch) 
     for (int64_t i = 0; i < chunk_elems; ++i) grad[i] = Fp16ToFloat(FloatToFp16(grad[i]));
   }
   int64_t t0 = NowNs();
+  const auto span_start = std::chrono::steady_clock::now();
   Status st;
   const float* part;
   if (world_size == 1) {
@@ -242,6 +251,7 @@ Status Engine::Impl::ReduceChunk(int chunk, float* grad, bool last_micro_batch) 
     bytes_comm += chunk_elems * 4;
   }
   comm_busy_ns += NowNs() - t0;
+  Span(track_comm, "reduce chunk " + std::to_string(chunk), span_start, chunk_elems * 4);
   if (st.ok() && grad_tier == ZeroTier::kHost) {
     st = CopyToHost(host_recv, part, opt_elems * 4);
     part = host_recv;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <future>
@@ -21,6 +22,7 @@
 #include "strata/io.h"
 #include "strata/loss_scaler.h"
 #include "strata/nvme_store.h"
+#include "strata/timeline.h"
 #include "zero/layout.h"
 #include "zero/serial_worker.h"
 
@@ -53,6 +55,13 @@ struct Engine::Impl {
   bool overlap = true;
   StreamId h2d, d2h, compute_stream;
   EngineLayoutInfo info;
+  // Optional recorder (EngineResources::timeline): one track per engine lane.
+  Timeline* timeline = nullptr;
+  int track_compute = 0, track_comm = 0, track_fetch = 0, track_optimizer = 0, track_nvme = 0;
+  std::chrono::steady_clock::time_point module_start;
+  void Span(int track, const std::string& name, std::chrono::steady_clock::time_point begin, uint64_t bytes = 0) {
+    if (timeline) timeline->Record(track, name, begin, std::chrono::steady_clock::now(), bytes);
+  }
   AdamParams adam;              // hyper-parameters; step/grad_scale set per step
   std::optional<LossScaler> scaler;
 

@@ -78,6 +78,7 @@ Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, in
     spare_states.pop_back();
   }
   int64_t t0 = NowNs();
+  const auto span_start = std::chrono::steady_clock::now();
   if (speculative) std::memcpy(st, o.state, 3 * opt_elems * 4);
   AdamParams p = adam;
   p.grad_scale = grad_scale;
@@ -92,6 +93,8 @@ Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, in
     s = RunAdam(p, st, opt_elems, o.grad, compute, out);
   }
   opt_busy_ns += NowNs() - t0;
+  Span(track_optimizer, std::string(speculative ? "step (speculative) chunk " : "step chunk ") + std::to_string(chunk),
+       span_start);
   if (s.ok()) s = PublishParams(chunk, out, on_host);
   if (on_host) param_staging.Give(out);
   if (speculative) {
@@ -155,12 +158,22 @@ Status Engine::Impl::DropNvmeReads() {
 Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative, int next_chunk) {
   OptChunk& o = opt[chunk];
   int64_t t0 = NowNs();
+  const auto wait_start = std::chrono::steady_clock::now();
   if (!nvme_reads.count(chunk)) STRATA_RETURN_IF_ERROR(IssueNvmeRead(chunk));
   NvmeRead r = nvme_reads[chunk];
   nvme_reads.erase(chunk);
   float* st = r.buf;
   Status s = r.handle.Wait();
   io_busy_ns += NowNs() - t0;
+  Span(track_nvme, "wait read chunk " + std::to_string(chunk), wait_start, opt_set_bytes);
+  // The whole chunk step (its read, Adam, and issuing its write) on the optimizer lane.
+  struct StepSpan {
+    Impl* s;
+    std::string name;
+    std::chrono::steady_clock::time_point begin;
+    ~StepSpan() { s->Span(s->track_optimizer, name, begin); }
+  } step_span{this, std::string(speculative ? "step (speculative) chunk " : "step chunk ") + std::to_string(chunk),
+              wait_start};
   if (s.ok()) bytes_nvme_read += opt_set_bytes;
   // Read the next chunk while this one steps, if a staging set is free.
   if (s.ok() && overlap && next_chunk >= 0 && !nvme_reads.count(next_chunk) && opt_staging_count > 2) {
@@ -209,7 +222,9 @@ void Engine::Impl::MaybeSpeculate(int chunk) {
   if (!overlap) return;
   const float scale = scaler->grad_scale();
   opt[chunk].spec_done = opt_worker.Submit([this, chunk, scale] {
+    const auto check_start = std::chrono::steady_clock::now();
     auto stats = ComputeGradStats(GradView{opt[chunk].grad, DType::kF32}, opt_elems);
+    Span(track_optimizer, "grad check (speculative) chunk " + std::to_string(chunk), check_start);
     if (!stats.ok()) return stats.status();
     if (stats->has_inf_nan) return OkStatus();  // this step will be skipped anyway
     // Backward finishes chunks in descending order: read the one below ahead.
