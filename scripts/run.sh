@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs strata's main job with defaults: what this machine is
-# (topology, devices, io_uring, limits) and the offload-bandwidth benchmarks.
+# Sets up, builds and runs strata's main job with defaults and no arguments: what this
+# machine is (topology, devices, io_uring, limits), the PCIe copy benchmark, and a
+# short training run of the reference MLP with ZeRO stage 3, optimizer state and
+# parameters offloaded to NVMe (a swap directory under $TMPDIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -8,3 +10,4 @@ scripts/build.sh build >/dev/null
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ./build/src/strata info
 ./build/src/strata bench pcie --quick
+./build/src/strata train

@@ -16,8 +16,10 @@ echo "== tests"
 
 if [[ "${STRATA_SKIP_SANITIZE:-0}" != 1 ]]; then
   echo "== build (AddressSanitizer + UBSan)"
+  # The tests only: no CUDA (it cannot run here and is compiled above), no benchmarks,
+  # no CLI binary; -O1 keeps the sanitized tests fast.
   scripts/build.sh build-asan -DSTRATA_SANITIZE=ON -DSTRATA_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF \
-    -DCMAKE_BUILD_TYPE=Debug
+    -DSTRATA_BUILD_CLI=OFF -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g"
   echo "== tests under sanitizers"
   # LeakSanitizer cannot trace through MPI's own allocations; leaks are checked on
   # the non-MPI tests only.

@@ -14,14 +14,14 @@ namespace {
 
 struct TrainFlags {
   std::string config_path;
-  std::string params = "20M";
+  std::string params = "20M";  // with the default chunk size: a few chunks, seconds per step
   int depth = 4;
   int stage = -1;
   std::string offload_optimizer, offload_param, nvme_path;
   std::string device = "sim";
   std::string device_budget, host_budget, chunk_size;
   int steps = 0;
-  int64_t micro_batch = 8;
+  int64_t micro_batch = 32;
   bool no_overlap = false, serial_too = true, json = false;
   std::string trace;
 };
@@ -38,7 +38,7 @@ void AddFlags(CLI::App* cmd, TrainFlags* f, int default_steps) {
   cmd->add_option("--device", f->device, "sim|cuda|auto")->capture_default_str();
   cmd->add_option("--device-budget", f->device_budget, "strata.device_budget, e.g. 2GiB");
   cmd->add_option("--host-budget", f->host_budget, "strata.host_budget, e.g. 4GiB");
-  cmd->add_option("--chunk-size", f->chunk_size, "strata.chunk_size, e.g. 64MiB");
+  cmd->add_option("--chunk-size", f->chunk_size, "strata.chunk_size, e.g. 64MiB (default 16MiB here)");
   cmd->add_option("--steps", f->steps, "measured steps")->capture_default_str();
   cmd->add_option("--micro-batch", f->micro_batch, "samples per rank per micro-batch")->capture_default_str();
   cmd->add_flag("--no-overlap", f->no_overlap, "strata.overlap false");
@@ -58,6 +58,13 @@ Result<zero::StepBenchOptions> Build(const TrainFlags& f) {
     }
   }
   auto& z = j["zero_optimization"];
+  if (f.config_path.empty() && f.stage < 0 && f.offload_optimizer.empty() && f.offload_param.empty()) {
+    // No arguments: the configuration strata exists for (ZeRO-Infinity: stage 3 with
+    // optimizer state and parameters on NVMe, here in the temp directory).
+    z["stage"] = 3;
+    z["offload_optimizer"]["device"] = "nvme";
+    z["offload_param"]["device"] = "nvme";
+  }
   if (f.stage >= 0) z["stage"] = f.stage;
   const std::string swap = f.nvme_path.empty() ? (std::filesystem::temp_directory_path() / "strata-swap").string()
                                                : f.nvme_path;
@@ -70,7 +77,11 @@ Result<zero::StepBenchOptions> Build(const TrainFlags& f) {
   j["strata"]["device"] = f.device;
   if (!f.device_budget.empty()) j["strata"]["device_budget"] = f.device_budget;
   if (!f.host_budget.empty()) j["strata"]["host_budget"] = f.host_budget;
-  if (!f.chunk_size.empty()) j["strata"]["chunk_size"] = f.chunk_size;
+  if (!f.chunk_size.empty()) {
+    j["strata"]["chunk_size"] = f.chunk_size;
+  } else if (!j["strata"].contains("chunk_size")) {
+    j["strata"]["chunk_size"] = "16MiB";  // several chunks even for small models, so the pipeline shows
+  }
   if (f.no_overlap) j["strata"]["overlap"] = false;
   if (!f.trace.empty()) j["strata"]["trace_file"] = f.trace;
   STRATA_ASSIGN_OR_RETURN(Config config, ParseConfig(j));

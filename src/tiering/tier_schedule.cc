@@ -182,9 +182,9 @@ bool TierManager::Impl::Reserve(Tier t, uint64_t bytes, bool prefetch, uint64_t 
     if (leaving[ti] >= need) return false;  // enough is on its way out already
     need -= leaving[ti];
 
-    // Device victims that must be written down need room on host eventually.
-    uint64_t host_stuck = 0;
-    bool host_checked = false;
+    // Device victims that must be written down need room on host: free, on its way
+    // out, or evictable now (else the write-back could not start and we would spin).
+    int host_room = -1;
     struct Candidate {
       uint64_t priority;
       Block* block;
@@ -197,11 +197,8 @@ bool TierManager::Impl::Reserve(Tier t, uint64_t bytes, bool prefetch, uint64_t 
       if (prefetch && p <= priority) continue;
       if (!HasOtherValid(b, t) && t == Tier::kDevice) {
         if (options.budgets.host < b.alloc) continue;
-        if (!host_checked) {
-          host_stuck = Unevictable(Tier::kHost);
-          host_checked = true;
-        }
-        if (host_stuck + b.alloc > options.budgets.host) continue;
+        if (host_room < 0) host_room = CanMakeRoom(Tier::kHost, b.alloc, 0) ? 1 : 0;
+        if (host_room == 0) continue;
       }
       candidates.push_back(Candidate{p, &b});
     }

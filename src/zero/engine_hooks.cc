@@ -13,15 +13,6 @@
 #include "zero/engine_impl.h"
 
 namespace strata {
-namespace {
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-
-}  // namespace
 
 void* Engine::Impl::ChunkParams(int chunk) {
   if (stage < 3) return static_cast<uint8_t*>(param_full) + chunk * layout.chunk_elems * csize;

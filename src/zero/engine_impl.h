@@ -28,6 +28,12 @@
 
 namespace strata {
 
+// Monotonic nanoseconds, for the lanes' busy-time counters.
+inline int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // Where a plane's shards live.
 enum class ZeroTier { kDevice, kHost, kNvme };
 

@@ -10,15 +10,6 @@
 #include "zero/engine_impl.h"
 
 namespace strata {
-namespace {
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-
-}  // namespace
 
 // Where the optimizer writes a chunk's updated compute values: straight into device
 // memory when the optimizer state lives there, else into a pinned staging buffer that
