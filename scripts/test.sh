@@ -21,10 +21,16 @@ if [[ "${STRATA_SKIP_SANITIZE:-0}" != 1 ]]; then
   scripts/build.sh build-asan -DSTRATA_SANITIZE=ON -DSTRATA_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF \
     -DSTRATA_BUILD_CLI=OFF -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g"
   echo "== tests under sanitizers"
-  # LeakSanitizer cannot trace through MPI's own allocations; leaks are checked on
-  # the non-MPI tests only.
+  # LeakSanitizer reports allocations of plugins that OpenMPI and hwloc dlopen and
+  # unload again (their frames show as "<unknown module>", so no suppression can name
+  # them). Tests that start MPI or discover the topology run with leak checking off;
+  # every other test runs with it on. Address and UB checks stay on everywhere.
+  no_leak_check='^(Topology|World|Nccl|Engine|EngineTimeline)\.'
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-     ctest --output-on-failure -j "$jobs" --timeout 900 -LE mpi)
-  (cd build-asan && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --timeout 900 -L mpi)
+     ctest --output-on-failure -j "$jobs" --timeout 900 -LE mpi -E "$no_leak_check")
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
+     ctest --output-on-failure -j "$jobs" --timeout 900 -LE mpi -R "$no_leak_check")
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
+     ctest --output-on-failure --timeout 900 -L mpi)
 fi
 echo "== all tests passed"

@@ -268,6 +268,10 @@ Status Engine::Impl::AllocateMemory() {
   }
   if (arena != nullptr) host_budget = std::min<uint64_t>(host_budget ? host_budget : arena->size(),
                                                          arena->size() - arena->allocated());
+  // The arena never splits a block across its 1 GiB segments (io_uring registers each
+  // segment as one buffer), so each segment boundary may strand up to one block.
+  auto fragmentation = [&](uint64_t bytes) { return (bytes / GiB + 1) * std::max(opt_set_bytes, Align4K(chunk16)); };
+  if (host > 0) host += fragmentation(host);
   if (host > host_budget) {
     return OutOfBudgetError("engine: the pinned host tier cannot hold this configuration: it needs " +
                             FormatBytes(host) + " and the host budget is " + FormatBytes(host_budget) +
@@ -308,7 +312,7 @@ Status Engine::Impl::AllocateMemory() {
 
   if (host > 0 && arena == nullptr) {
     HostArenaOptions ao;
-    ao.bytes = host + 2 * MiB;
+    ao.bytes = host;
     STRATA_ASSIGN_OR_RETURN(own_arena, HostArena::Create(ao));
     arena = own_arena.get();
   }
