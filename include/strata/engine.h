@@ -11,7 +11,7 @@
 //
 // Layout: tensors are laid out in module order in one flat parameter space cut into
 // chunks of equal size (strata.chunk_size bytes of fp32 parameters, raised to the
-// largest tensor, rounded to world size x 2048 elements so every shard of every plane
+// largest module, rounded to world size x 2048 elements so every shard of every plane
 // is 4 KiB aligned for O_DIRECT). A tensor never spans two chunks. Each rank owns the
 // shard [rank * S, (rank + 1) * S) of every chunk (S = chunk elements / world size).
 //

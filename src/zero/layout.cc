@@ -9,18 +9,23 @@ Result<Layout> MakeLayout(const std::vector<model::ModuleSpec>& modules, uint64_
   if (modules.empty()) return InvalidArgumentError("layout: the model registered no modules");
   Layout l;
   l.world = world;
+  // The chunk holds at least the largest module, so that a module's tensors (a weight
+  // and its bias) share a chunk: sized to the largest tensor alone, a bias would spill
+  // into a chunk of its own and every other chunk would be padding.
   int64_t largest = 0;
   for (const auto& m : modules) {
     if (m.tensors.empty()) {
       return InvalidArgumentError("layout: module \"" + m.name + "\" has no tensors");
     }
+    int64_t module_numel = 0;
     for (const auto& t : m.tensors) {
       if (t.numel() <= 0) {
         return InvalidArgumentError("layout: tensor \"" + t.name + "\" has no elements");
       }
-      largest = std::max(largest, t.numel());
+      module_numel += t.numel();
       l.num_params += t.numel();
     }
+    largest = std::max(largest, module_numel);
   }
   const int64_t unit = static_cast<int64_t>(world) * kShardAlignElems;
   // A chunk larger than the whole model would only move padding.
