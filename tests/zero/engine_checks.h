@@ -16,6 +16,9 @@
 // element by at most about one Adam step per step it persists).
 #pragma once
 
+#include <cstdio>
+#include <random>
+
 #include "engine_harness.h"
 
 namespace strata::testing {
@@ -132,6 +135,50 @@ inline void CheckBf16(Communicator& world) {
     EngineRun run = RunEngine(world, MakeConfig(c, extra), spec);
     ExpectMatchesReference(run, *ref, 2e-3, 2 * 0.01, 0, ComboName(c) + " bf16");
   }
+}
+
+}  // namespace strata::testing
+
+namespace strata::testing {
+
+// Randomized speculation: random stage/offload combinations, clipping thresholds (off,
+// always engaged, sometimes engaged) and fp16 loss scales (overflowing or not), each
+// run overlapped and serially; the two must agree bit for bit on every step.
+inline void CheckRandomizedSpeculation(Communicator& world, uint64_t seed, int runs) {
+  std::mt19937_64 rng(seed);
+  const std::vector<Combo> combos = AllCombos();
+  int speculated = 0, redone = 0, skipped = 0;
+  for (int i = 0; i < runs; ++i) {
+    const Combo c = combos[rng() % combos.size()];
+    nlohmann::json e = nlohmann::json::object();
+    const double clips[] = {0.0, 0.02, 0.3, 5.0};
+    e["gradient_clipping"] = clips[rng() % 4];
+    if (rng() % 2) {
+      e["fp16"] = {{"enabled", true}, {"initial_scale_power", 8 + static_cast<int>(rng() % 20)},
+                   {"loss_scale_window", 2}};
+    }
+    e["gradient_accumulation_steps"] = 1 + static_cast<int>(rng() % 2);
+    zero::TrainSpec spec = SmallSpec(6);
+    e["strata"]["overlap"] = false;
+    EngineRun serial = RunEngine(world, MakeConfig(c, e.dump()), spec);
+    e["strata"]["overlap"] = true;
+    EngineRun overlapped = RunEngine(world, MakeConfig(c, e.dump()), spec);
+    const std::string what = ComboName(c) + " " + e.dump();
+    ASSERT_TRUE(serial.status.ok()) << what << ": " << serial.status.ToString();
+    ASSERT_TRUE(overlapped.status.ok()) << what << ": " << overlapped.status.ToString();
+    EXPECT_TRUE(BitIdentical(serial, overlapped)) << what;
+    EXPECT_EQ(serial.log.skipped, overlapped.log.skipped) << what;
+    for (const auto& r : overlapped.log.results) {
+      speculated += r.speculative_steps;
+      redone += r.redone_steps;
+      skipped += r.skipped;
+    }
+  }
+  // The draw must have exercised both outcomes of speculation.
+  EXPECT_GT(speculated, 0) << "seed " << seed;
+  EXPECT_GT(redone, 0) << "seed " << seed << ": no speculative step was ever rolled back";
+  std::printf("seed %llu: %d speculative chunk steps, %d redone, %d skipped steps\n",
+              static_cast<unsigned long long>(seed), speculated, redone, skipped);
 }
 
 }  // namespace strata::testing

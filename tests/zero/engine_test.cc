@@ -38,6 +38,9 @@ TEST(Engine, OverlappedStepEqualsSerialStepWhenClipping) {
 TEST(Engine, OverlappedStepEqualsSerialStepWithFp16Overflow) {
   CheckOverlapEqualsSerial(World(), R"({"fp16": {"enabled": true, "initial_scale_power": 24}})");
 }
+TEST(Engine, RandomizedSpeculativeCommitAndRollbackEqualSerial) {
+  for (uint64_t seed : {1, 2, 3}) CheckRandomizedSpeculation(World(), seed, 6);
+}
 TEST(Engine, AccumulationEqualsLargerBatch) { CheckAccumulation(World()); }
 TEST(Engine, ClippingMatchesTheReference) { CheckClipping(World()); }
 TEST(Engine, Fp16OverflowStepsAreSkippedAsInTheReference) { CheckFp16Overflow(World()); }
