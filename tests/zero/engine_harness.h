@@ -49,6 +49,16 @@ inline std::string SwapDir() {
   const long id = under_mpirun ? static_cast<long>(getppid()) : static_cast<long>(getpid());
   auto dir = std::filesystem::temp_directory_path() / ("strata-engine-test-" + std::to_string(id));
   std::filesystem::create_directories(dir);
+  // The swap files go with their stores; the folder goes at exit (after every rank's
+  // tests: mpi_test_main combines the results before returning).
+  struct RemoveAtExit {
+    std::filesystem::path dir;
+    ~RemoveAtExit() {
+      std::error_code ec;  // another rank may have removed it first
+      std::filesystem::remove_all(dir, ec);
+    }
+  };
+  static RemoveAtExit remove_at_exit{dir};
   return dir.string();
 }
 
