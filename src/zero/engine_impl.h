@@ -13,6 +13,8 @@
 #include <optional>
 #include <vector>
 
+#include <oneapi/tbb/task_arena.h>
+
 #include "strata/adam.h"
 #include "strata/comm.h"
 #include "strata/engine.h"
@@ -147,6 +149,10 @@ struct Engine::Impl {
   zero::SerialWorker comm_worker{"comm"};
   zero::SerialWorker fetch_worker{"fetch"};
   zero::SerialWorker opt_worker{"optimizer"};
+  // Speculative steps run in an arena of their own, on the optimizer thread alone: in the
+  // shared arena their tasks would queue behind the model's backward, which keeps every
+  // oneTBB worker busy, and would start only when backward ends.
+  tbb::task_arena speculation_arena{1};
   std::deque<std::shared_future<Status>> reduces;  // in flight, oldest first
   std::deque<std::shared_future<Status>> fetches;
 

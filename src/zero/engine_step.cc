@@ -50,10 +50,11 @@ Status Engine::Impl::PublishParams(int chunk, const void* src, bool from_host) {
 
 // One Adam step over the state at `st` (master | m | v) with the chunk's gradient
 // shard, writing the compute copy to out (a 16-bit buffer, or fp32 when compute is).
-static Status RunAdam(const AdamParams& p, float* st, int64_t n, const float* grad, DType compute, void* out) {
+static Status RunAdam(const AdamParams& p, float* st, int64_t n, const float* grad, DType compute, void* out,
+                      tbb::task_arena* arena) {
   Copy16 c16;
   if (compute != DType::kF32) c16 = Copy16{out, compute};
-  STRATA_RETURN_IF_ERROR(AdamStep(p, st, st + n, st + 2 * n, GradView{grad, DType::kF32}, n, c16));
+  STRATA_RETURN_IF_ERROR(AdamStep(p, st, st + n, st + 2 * n, GradView{grad, DType::kF32}, n, c16, arena));
   if (compute == DType::kF32) std::memcpy(out, st, n * 4);
   return OkStatus();
 }
@@ -78,10 +79,10 @@ Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, in
   Status s;
   if (opt_tier == ZeroTier::kDevice) {
     // The device computes: on the sim device that is the CPU Adam on its compute stream.
-    s = device->Enqueue(compute_stream, [&] { return RunAdam(p, st, opt_elems, o.grad, compute, out); });
+    s = device->Enqueue(compute_stream, [&] { return RunAdam(p, st, opt_elems, o.grad, compute, out, nullptr); });
     if (s.ok()) s = device->Synchronize(compute_stream);
   } else {
-    s = RunAdam(p, st, opt_elems, o.grad, compute, out);
+    s = RunAdam(p, st, opt_elems, o.grad, compute, out, speculative ? &speculation_arena : nullptr);
   }
   opt_busy_ns += NowNs() - t0;
   Span(track_optimizer, std::string(speculative ? "step (speculative) chunk " : "step chunk ") + std::to_string(chunk),
@@ -179,7 +180,7 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
     bool on_host;
     void* out = Out16Target(chunk, &on_host);
     t0 = NowNs();
-    s = RunAdam(p, st, opt_elems, o.grad, compute, out);
+    s = RunAdam(p, st, opt_elems, o.grad, compute, out, speculative ? &speculation_arena : nullptr);
     opt_busy_ns += NowNs() - t0;
     if (s.ok()) s = PublishParams(chunk, out, on_host);
     if (on_host) param_staging.Give(out);
@@ -214,7 +215,7 @@ void Engine::Impl::MaybeSpeculate(int chunk) {
   const float scale = scaler->grad_scale();
   opt[chunk].spec_done = opt_worker.Submit([this, chunk, scale] {
     const auto check_start = std::chrono::steady_clock::now();
-    auto stats = ComputeGradStats(GradView{opt[chunk].grad, DType::kF32}, opt_elems);
+    auto stats = ComputeGradStats(GradView{opt[chunk].grad, DType::kF32}, opt_elems, &speculation_arena);
     Span(track_optimizer, "grad check (speculative) chunk " + std::to_string(chunk), check_start);
     if (!stats.ok()) return stats.status();
     if (stats->has_inf_nan) return OkStatus();  // this step will be skipped anyway
