@@ -49,20 +49,7 @@ class PsyncEngine final : public IoEngine {
     const uint64_t bs = options_.block_size;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (size_t i = 0; i < requests.size(); ++i) {
-        const IoRequest& r = requests[i];
-        for (uint64_t off = 0; off < r.length; off += bs) {
-          IoPiece p;
-          p.state = state.get();
-          p.request = static_cast<uint32_t>(i);
-          p.op = r.op;
-          p.file = r.file;
-          p.offset = r.offset + off;
-          p.length = static_cast<uint32_t>(std::min(bs, r.length - off));
-          p.buffer = static_cast<char*>(r.buffer) + off;
-          queue_.push_back(p);
-        }
-      }
+      ForEachPiece(requests, state.get(), bs, [&](const IoPiece& p) { queue_.push_back(p); });
     }
     cv_.notify_all();
   }

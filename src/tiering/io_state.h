@@ -2,6 +2,9 @@
 // piece (a block_size slice of a request) that backends queue and retry.
 #pragma once
 
+#include <algorithm>
+#include <span>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -43,6 +46,26 @@ struct IoPiece {
   uint32_t retries = 0; // -EAGAIN/-EINTR/zero-progress retries so far
   char* buffer = nullptr;
 };
+
+// Cuts each request into pieces of at most `block_size` bytes, in order, and hands
+// every piece to `emit`. The one place the split rule lives, for every backend.
+template <typename Emit>
+void ForEachPiece(std::span<const IoRequest> requests, IoState* state, uint64_t block_size, Emit&& emit) {
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const IoRequest& r = requests[i];
+    for (uint64_t off = 0; off < r.length; off += block_size) {
+      IoPiece p;
+      p.state = state;
+      p.request = static_cast<uint32_t>(i);
+      p.op = r.op;
+      p.file = r.file;
+      p.offset = r.offset + off;
+      p.length = static_cast<uint32_t>(std::min(block_size, r.length - off));
+      p.buffer = static_cast<char*>(r.buffer) + off;
+      emit(p);
+    }
+  }
+}
 
 // Retries of one piece after -EAGAIN, -EINTR or a zero-byte write before giving up.
 inline constexpr uint32_t kMaxPieceRetries = 64;

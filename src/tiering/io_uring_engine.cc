@@ -175,22 +175,11 @@ class UringEngine final : public IoEngine {
     std::vector<std::deque<IoPiece>> per_ring(nrings);
     size_t next = rr_.fetch_add(1) % nrings;
     uint64_t npieces = 0;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      const IoRequest& r = requests[i];
-      for (uint64_t off = 0; off < r.length; off += bs) {
-        IoPiece p;
-        p.state = state.get();
-        p.request = static_cast<uint32_t>(i);
-        p.op = r.op;
-        p.file = r.file;
-        p.offset = r.offset + off;
-        p.length = static_cast<uint32_t>(std::min(bs, r.length - off));
-        p.buffer = static_cast<char*>(r.buffer) + off;
-        per_ring[next].push_back(p);
-        next = (next + 1) % nrings;
-        ++npieces;
-      }
-    }
+    ForEachPiece(requests, state.get(), bs, [&](const IoPiece& p) {
+      per_ring[next].push_back(p);
+      next = (next + 1) % nrings;
+      ++npieces;
+    });
     outstanding_.fetch_add(npieces);
     for (size_t k = 0; k < nrings; ++k) {
       if (per_ring[k].empty()) continue;

@@ -364,7 +364,7 @@ Result<StepResult> Engine::Step() {
     }
   } else {
     const float grad_scale = clip == 1 ? s.scaler->grad_scale() : static_cast<float>(clip / loss_scale);
-    std::vector<int> todo;
+    std::vector<int> to_step;
     for (int c = 0; c < s.layout.num_chunks; ++c) {
       Impl::OptChunk& o = s.opt[c];
       if (o.speculated && o.has_pending && clip == 1) {
@@ -375,11 +375,11 @@ Result<StepResult> Engine::Step() {
         STRATA_RETURN_IF_ERROR(s.DiscardChunk(c));
         ++r.redone_steps;
       }
-      todo.push_back(c);
+      to_step.push_back(c);
     }
-    for (size_t i = 0; i < todo.size(); ++i) {
-      int next = i + 1 < todo.size() ? todo[i + 1] : -1;
-      STRATA_RETURN_IF_ERROR(s.StepChunk(todo[i], grad_scale, /*speculative=*/false, next));
+    for (size_t i = 0; i < to_step.size(); ++i) {
+      int next = i + 1 < to_step.size() ? to_step[i + 1] : -1;
+      STRATA_RETURN_IF_ERROR(s.StepChunk(to_step[i], grad_scale, /*speculative=*/false, next));
     }
     if (s.opt_tier == ZeroTier::kNvme) STRATA_RETURN_IF_ERROR(s.WaitNvmeWrites());
     ++s.step_count;
