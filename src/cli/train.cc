@@ -85,7 +85,9 @@ Result<zero::StepBenchOptions> Build(const TrainFlags& f) {
   if (f.no_overlap) j["strata"]["overlap"] = false;
   if (!f.trace.empty()) j["strata"]["trace_file"] = f.trace;
   STRATA_ASSIGN_OR_RETURN(Config config, ParseConfig(j));
-  STRATA_ASSIGN_OR_RETURN(uint64_t params, ParseCount(f.params));
+  auto params_or = ParseCount(f.params);
+  if (!params_or.ok()) return params_or.status().WithContext("--params");
+  const uint64_t params = *params_or;
   if (f.depth < 1) return InvalidArgumentError("--depth must be >= 1");
   if (f.steps < 1) return InvalidArgumentError("--steps must be >= 1");
   zero::StepBenchOptions o;
