@@ -110,6 +110,7 @@ struct EngineLayoutInfo {
   uint64_t device_need = 0;   // bytes the engine must hold on the device (fixed part)
   uint64_t host_need = 0;
   uint64_t nvme_need = 0;
+  bool gradients_on_nvme = false;  // strata.gradients resolved (optimizer on NVMe only)
 };
 
 class Engine : public model::MlpHooks {

@@ -195,6 +195,7 @@ Status ReadStrata(JsonReader& r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Bool("io_sqpoll", &s->io_sqpoll));
   STRATA_RETURN_IF_ERROR(r.Bool("checksum", &s->checksum));
   STRATA_RETURN_IF_ERROR(r.Bool("overlap", &s->overlap));
+  STRATA_RETURN_IF_ERROR(r.Enum("gradients", {"auto", "host", "nvme"}, &s->gradients));
   STRATA_RETURN_IF_ERROR(r.Double("collective_timeout_s", 0.001, 1e7, &s->collective_timeout_s));
   return r.Finish();
 }
@@ -302,6 +303,7 @@ nlohmann::json ConfigToJson(const Config& c) {
                  {"io_sqpoll", s.io_sqpoll},
                  {"checksum", s.checksum},
                  {"overlap", s.overlap},
+                 {"gradients", s.gradients},
                  {"collective_timeout_s", s.collective_timeout_s}};
   return j;
 }

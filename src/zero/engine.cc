@@ -117,6 +117,7 @@ Engine::~Engine() {
   }
   s.opt_store.reset();
   s.param_store.reset();
+  s.grad_store.reset();
   s.io.reset();
   if (s.arena) {
     for (const auto& b : s.host_blocks) s.arena->Free(b);
@@ -161,6 +162,11 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, std::vector
     return InvalidArgumentError(
         "zero_optimization.offload_optimizer.device: \"nvme\" needs zero_optimization.stage 3 "
         "(as in DeepSpeed's ZeRO-Infinity); got stage " + std::to_string(s.stage));
+  }
+  if (config.strata.gradients != "auto" && s.opt_tier != ZeroTier::kNvme) {
+    return InvalidArgumentError("strata.gradients: \"" + config.strata.gradients +
+                                "\" chooses where gradients wait for an NVMe optimizer step; it needs "
+                                "zero_optimization.offload_optimizer.device \"nvme\" (leave it \"auto\" otherwise)");
   }
   if (s.stage == 0 && s.opt_tier != ZeroTier::kDevice) {
     return InvalidArgumentError(
@@ -211,6 +217,8 @@ Status Engine::Impl::AllocateMemory() {
   const uint64_t shard16 = l.shard_elems * csize;
   const uint64_t opt_bytes = opt_elems * 4;
   opt_set_bytes = Align4K(3 * opt_bytes);
+  grad_slot_bytes = Align4K(opt_bytes);
+  staging_set_bytes = opt_set_bytes;
   size_t max_module_chunks = 1, max_pair_chunks = 1;
   for (size_t k = 0; k < l.module_chunks.size(); ++k) {
     max_module_chunks = std::max(max_module_chunks, l.module_chunks[k].size());
@@ -238,11 +246,11 @@ Status Engine::Impl::AllocateMemory() {
     case ZeroTier::kDevice: dev += n_chunks * (3 * opt_bytes + opt_bytes); break;
     case ZeroTier::kHost: host += n_chunks * (opt_set_bytes + Align4K(opt_bytes)); break;
     case ZeroTier::kNvme:
-      host += n_chunks * Align4K(opt_bytes) + opt_set_bytes;  // grads + one staging set
+      host += opt_set_bytes;  // one staging set; the gradients' place is decided below
       nvme += 2 * n_chunks * opt_set_bytes;
       break;
   }
-  if (grad_tier == ZeroTier::kHost) host += Align4K(opt_bytes);  // host_recv
+  if (grad_tier != ZeroTier::kDevice) host += grad_slot_bytes;  // host_recv
   info.num_params = l.num_params;
   info.chunk_elems = l.chunk_elems;
   info.num_chunks = l.num_chunks;
@@ -270,7 +278,24 @@ Status Engine::Impl::AllocateMemory() {
                                                          arena->size() - arena->allocated());
   // The arena never splits a block across its 1 GiB segments (io_uring registers each
   // segment as one buffer), so each segment boundary may strand up to one block.
-  auto fragmentation = [&](uint64_t bytes) { return (bytes / GiB + 1) * std::max(opt_set_bytes, Align4K(chunk16)); };
+  auto fragmentation = [&](uint64_t bytes) {
+    return (bytes / GiB + 1) * std::max(staging_set_bytes, Align4K(chunk16));
+  };
+  if (opt_tier == ZeroTier::kNvme) {
+    // Gradient shards wait for the step in pinned memory if the budget holds them
+    // (no extra I/O), else on NVMe beside the state: two pinned shards in flight, and
+    // each staging set grows by one shard, which the step reads with the state.
+    const uint64_t on_host = host + n_chunks * grad_slot_bytes;
+    const std::string& want = config.strata.gradients;
+    if (want == "nvme" || (want == "auto" && on_host + fragmentation(on_host) > host_budget)) {
+      grad_tier = ZeroTier::kNvme;
+      staging_set_bytes = opt_set_bytes + grad_slot_bytes;
+      host += grad_slot_bytes + 2 * grad_slot_bytes;
+      nvme += n_chunks * grad_slot_bytes;
+    } else {
+      host = on_host;
+    }
+  }
   if (host > 0) host += fragmentation(host);
   if (host > host_budget) {
     return OutOfBudgetError("engine: the pinned host tier cannot hold this configuration: it needs " +
@@ -288,8 +313,14 @@ Status Engine::Impl::AllocateMemory() {
   if (opt_tier == ZeroTier::kNvme) {
     // Read ahead, step and write behind need three sets; more buys nothing on one disk.
     uint64_t room = host_budget - host;
-    opt_staging_count = 1 + static_cast<int>(std::min<uint64_t>({3, n_chunks, room / opt_set_bytes}));
-    host += (opt_staging_count - 1) * opt_set_bytes;
+    opt_staging_count = 1 + static_cast<int>(std::min<uint64_t>({3, n_chunks, room / staging_set_bytes}));
+    host += (opt_staging_count - 1) * staging_set_bytes;
+  }
+  grad_host_count = 0;
+  if (grad_tier == ZeroTier::kNvme) {
+    // Shards beyond two let the reductions run ahead of a slower optimizer.
+    grad_host_count = 2 + static_cast<int>(std::min<uint64_t>(2, (host_budget - host) / grad_slot_bytes));
+    host += (grad_host_count - 2) * grad_slot_bytes;
   }
   gather_buffers = 0;
   if (stage == 3) {
@@ -304,11 +335,14 @@ Status Engine::Impl::AllocateMemory() {
   }
   info.device_need = dev;
   info.host_need = host;
+  info.nvme_need = nvme;
+  info.gradients_on_nvme = grad_tier == ZeroTier::kNvme;
   STRATA_LOG(kDebug, "engine") << "layout: " << l.num_params << " params in " << l.num_chunks << " chunks of "
                               << l.chunk_elems << " (shard " << l.shard_elems << "); device " << FormatBytes(dev)
                               << ", host " << FormatBytes(host) << ", nvme " << FormatBytes(nvme)
                               << "; spares " << spares << ", staging sets " << opt_staging_count
-                              << ", gather buffers " << gather_buffers;
+                              << ", gather buffers " << gather_buffers
+                              << (grad_tier == ZeroTier::kNvme ? "; gradients on NVMe" : "");
 
   if (host > 0 && arena == nullptr) {
     HostArenaOptions ao;
@@ -336,9 +370,13 @@ Status Engine::Impl::AllocateMemory() {
     }
   }
   opt.resize(n_chunks);
-  if (grad_tier == ZeroTier::kHost) {
+  if (grad_tier != ZeroTier::kDevice) {
     STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_bytes, "gradient staging"));
     host_recv = static_cast<float*>(p);
+  }
+  for (int i = 0; i < grad_host_count; ++i) {
+    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(grad_slot_bytes, "gradient shards on their way to NVMe"));
+    grad_host.free.push_back(p);
   }
   for (uint64_t c = 0; c < n_chunks; ++c) {
     OptChunk& o = opt[c];
@@ -352,10 +390,12 @@ Status Engine::Impl::AllocateMemory() {
         STRATA_ASSIGN_OR_RETURN(void* st, HostAlloc(3 * opt_bytes, "optimizer state"));
         o.state = static_cast<float*>(st);
       }
-      STRATA_ASSIGN_OR_RETURN(void* g, HostAlloc(opt_bytes, "gradient shards"));
-      o.grad = static_cast<float*>(g);
+      if (grad_tier == ZeroTier::kHost) {
+        STRATA_ASSIGN_OR_RETURN(void* g, HostAlloc(opt_bytes, "gradient shards"));
+        o.grad = static_cast<float*>(g);
+      }
     }
-    std::memset(o.grad, 0, opt_bytes);
+    if (o.grad) std::memset(o.grad, 0, opt_bytes);
   }
   for (int i = 0; i < spares; ++i) {
     STRATA_ASSIGN_OR_RETURN(void* p, opt_tier == ZeroTier::kDevice ? DeviceAlloc(3 * opt_bytes, "speculation spares")
@@ -363,7 +403,7 @@ Status Engine::Impl::AllocateMemory() {
     spare_states.push_back(static_cast<float*>(p));
   }
   for (int i = 0; i < opt_staging_count; ++i) {
-    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_set_bytes, "NVMe optimizer staging"));
+    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(staging_set_bytes, "NVMe optimizer staging"));
     opt_staging.free.push_back(p);
   }
   if (stage == 3) {
@@ -410,6 +450,7 @@ Status Engine::Impl::AllocateMemory() {
         }
       }
     }
+    if (grad_tier == ZeroTier::kNvme) STRATA_RETURN_IF_ERROR(OpenGradStore());
     if (param_tier == ZeroTier::kNvme) {
       NvmeStoreOptions so;
       so.paths = paths(config.zero.offload_param);

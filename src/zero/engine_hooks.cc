@@ -205,7 +205,8 @@ Status Engine::AfterBackward(int module) {
     // Whether this is the window's last micro-batch is decided here, on the training
     // thread: the worker may run after the next micro-batch has begun.
     const bool last = s.LastMicroBatch();
-    s.reduces.push_back(s.comm_worker.Submit([&s, c, g, last] { return s.ReduceChunk(c, g, last); }));
+    const int index = s.micro_batch;
+    s.reduces.push_back(s.comm_worker.Submit([&s, c, g, index, last] { return s.ReduceChunk(c, g, index, last); }));
   }
   // Keep the queue short: drop finished reductions, surfacing their errors now.
   while (!s.reduces.empty() &&
@@ -219,7 +220,7 @@ Status Engine::AfterBackward(int module) {
 
 // Runs on comm_worker: reduces one chunk's gradients over the ranks and adds this
 // rank's part to its gradient shard on the optimizer's tier.
-Status Engine::Impl::ReduceChunk(int chunk, float* grad, bool last_micro_batch) {
+Status Engine::Impl::ReduceChunk(int chunk, float* grad, int micro_batch_index, bool last_micro_batch) {
   const int64_t chunk_elems = layout.chunk_elems;
   if (compute == DType::kFp16) {
     // fp16 training reduces fp16 gradients: values past the fp16 range become inf here,
@@ -243,6 +244,11 @@ Status Engine::Impl::ReduceChunk(int chunk, float* grad, bool last_micro_batch) 
   }
   comm_busy_ns += NowNs() - t0;
   Span(track_comm, "reduce chunk " + std::to_string(chunk), span_start, chunk_elems * 4);
+  if (st.ok() && grad_tier == ZeroTier::kNvme) {
+    st = AccumulateGradOnNvme(chunk, part, micro_batch_index, last_micro_batch);  // speculates itself
+    grad_pool.Give(grad);
+    return st.WithContext("reducing the gradients of chunk " + std::to_string(chunk));
+  }
   if (st.ok() && grad_tier == ZeroTier::kHost) {
     st = CopyToHost(host_recv, part, opt_elems * 4);
     part = host_recv;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -51,10 +52,11 @@ struct Engine::Impl {
   std::unique_ptr<IoEngine> io;
   std::unique_ptr<NvmeStore> opt_store;    // master|m|v per chunk, two slots each
   std::unique_ptr<NvmeStore> param_store;  // 16-bit param shard per chunk (stage 3)
+  std::unique_ptr<NvmeStore> grad_store;   // fp32 gradient shard per chunk (grad_tier nvme)
   int rank = 0, world_size = 1;
   int stage = 0;
   ZeroTier opt_tier = ZeroTier::kDevice;    // master, m, v
-  ZeroTier grad_tier = ZeroTier::kDevice;   // the fp32 gradient shard
+  ZeroTier grad_tier = ZeroTier::kDevice;   // the fp32 gradient shard (nvme: engine_grads.cc)
   ZeroTier param_tier = ZeroTier::kDevice;  // stage 3: the 16-bit shard between uses
   DType compute = DType::kF32;
   size_t csize = 4;             // bytes per compute element
@@ -82,7 +84,9 @@ struct Engine::Impl {
     float* state = nullptr;     // master | m | v (opt_elems each), device or host tier
     SlotId slot[2] = {0, 0};    // nvme tier
     int current = 0;            // which slot holds the committed state
-    float* grad = nullptr;      // gradient shard, accumulated over micro-batches
+    float* grad = nullptr;      // gradient shard, accumulated over micro-batches (device/host)
+    SlotId grad_slot = 0;       // ... or its slot in grad_store (nvme)
+    GradStats grad_stats;       // nvme: the final shard's stats, taken before it is written
     // Speculative result waiting for Step(): a spare buffer (device/host tiers) or the
     // other slot (nvme), written by the optimizer worker.
     float* pending = nullptr;
@@ -116,15 +120,20 @@ struct Engine::Impl {
   struct NvmeRead {
     float* buf = nullptr;
     IoHandle handle;
+    IoHandle grad_handle;       // grad_tier nvme: the shard into buf + opt_set_bytes
+    bool has_grad = false;
   };
   std::map<int, NvmeRead> nvme_reads;                   // read ahead, by chunk
   std::deque<std::pair<IoHandle, float*>> nvme_writes;  // written behind, oldest first
   float* TakeOptStaging();
-  Status IssueNvmeRead(int chunk);
+  // with_grad: also read the gradient shard (grad_tier nvme) behind the state.
+  Status IssueNvmeRead(int chunk, bool with_grad);
   Status WaitNvmeWrites();
   Status DropNvmeReads();
   Pool param_staging;
-  uint64_t opt_set_bytes = 0;
+  uint64_t opt_set_bytes = 0;     // master | m | v, one NVMe slot
+  uint64_t grad_slot_bytes = 0;   // one gradient shard, 4 KiB aligned
+  uint64_t staging_set_bytes = 0; // an opt_staging buffer: the set, plus the gradient on nvme
   int opt_staging_count = 0;
 
   // Stage 3 gathered chunks on the device.
@@ -144,6 +153,8 @@ struct Engine::Impl {
   std::vector<int> chunk_pending_modules;  // modules still to finish backward per chunk
   float* reduce_recv = nullptr;             // device staging for one reduced chunk/shard
   float* host_recv = nullptr;               // host staging for gradients on the host tier
+  Pool grad_host;                           // grad_tier nvme: pinned shards on their way to disk
+  int grad_host_count = 0;
 
   // --- threads ---
   zero::SerialWorker comm_worker{"comm"};
@@ -180,15 +191,26 @@ struct Engine::Impl {
   void StartGather(int chunk);
   void ReleaseGathered(int module, int next_module);
   Status GatherNow(int chunk, void* dst);
-  Status ReduceChunk(int chunk, float* grad, bool last_micro_batch);
+  Status ReduceChunk(int chunk, float* grad, int micro_batch_index, bool last_micro_batch);
   Status WaitReduces();
+
+  // --- engine_grads.cc (grad_tier nvme) ---
+  Status OpenGradStore();
+  // Adds this rank's reduced part (device memory) into the chunk's shard on NVMe; after
+  // the last micro-batch, records its stats and starts its speculative step.
+  Status AccumulateGradOnNvme(int chunk, const float* part, int micro_batch_index, bool last_micro_batch);
 
   // --- engine_step.cc ---
   bool LastMicroBatch() const { return micro_batch + 1 == config.gradient_accumulation_steps; }
-  void MaybeSpeculate(int chunk);
+  // grad: the chunk's final gradient shard, in pinned memory the step may read (nvme
+  // gradients hand theirs over; nullptr: o.grad). done runs once the step no longer reads
+  // it; its error is the task's.
+  void MaybeSpeculate(int chunk, const float* grad = nullptr, std::function<Status()> done = {});
   // next_chunk: the chunk likely stepped next (-1: unknown), read ahead on NVMe.
-  Status StepChunk(int chunk, float grad_scale, bool speculative, int next_chunk = -1);
-  Status StepChunkNvme(int chunk, float grad_scale, bool speculative, int next_chunk);
+  // grad: the gradient shard to step with; nullptr: o.grad, or for grad_tier nvme the
+  // shard read from disk with the state.
+  Status StepChunk(int chunk, float grad_scale, bool speculative, int next_chunk = -1, const float* grad = nullptr);
+  Status StepChunkNvme(int chunk, float grad_scale, bool speculative, int next_chunk, const float* grad);
   Status CommitChunk(int chunk);
   Status DiscardChunk(int chunk);
   Status RestoreParams(int chunk);

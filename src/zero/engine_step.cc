@@ -59,9 +59,10 @@ static Status RunAdam(const AdamParams& p, float* st, int64_t n, const float* gr
   return OkStatus();
 }
 
-Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, int next_chunk) {
-  if (opt_tier == ZeroTier::kNvme) return StepChunkNvme(chunk, grad_scale, speculative, next_chunk);
+Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, int next_chunk, const float* grad) {
+  if (opt_tier == ZeroTier::kNvme) return StepChunkNvme(chunk, grad_scale, speculative, next_chunk, grad);
   OptChunk& o = opt[chunk];
+  if (grad == nullptr) grad = o.grad;
   float* st = o.state;
   if (speculative) {
     std::lock_guard lock(spare_mu);
@@ -79,10 +80,10 @@ Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, in
   Status s;
   if (opt_tier == ZeroTier::kDevice) {
     // The device computes: on the sim device that is the CPU Adam on its compute stream.
-    s = device->Enqueue(compute_stream, [&] { return RunAdam(p, st, opt_elems, o.grad, compute, out, nullptr); });
+    s = device->Enqueue(compute_stream, [&] { return RunAdam(p, st, opt_elems, grad, compute, out, nullptr); });
     if (s.ok()) s = device->Synchronize(compute_stream);
   } else {
-    s = RunAdam(p, st, opt_elems, o.grad, compute, out, speculative ? &speculation_arena : nullptr);
+    s = RunAdam(p, st, opt_elems, grad, compute, out, speculative ? &speculation_arena : nullptr);
   }
   opt_busy_ns += NowNs() - t0;
   Span(track_optimizer, std::string(speculative ? "step (speculative) chunk " : "step chunk ") + std::to_string(chunk),
@@ -113,14 +114,27 @@ float* Engine::Impl::TakeOptStaging() {
   return static_cast<float*>(opt_staging.Take());
 }
 
-Status Engine::Impl::IssueNvmeRead(int chunk) {
+Status Engine::Impl::IssueNvmeRead(int chunk, bool with_grad) {
   float* buf = TakeOptStaging();
   auto rd = opt_store->Read(opt[chunk].slot[opt[chunk].current], buf, opt_set_bytes);
   if (!rd.ok()) {
     opt_staging.Give(buf);
     return rd.status();
   }
-  nvme_reads[chunk] = NvmeRead{buf, *rd};
+  NvmeRead r;
+  r.buf = buf;
+  r.handle = *rd;
+  if (with_grad) {
+    auto grd = grad_store->Read(opt[chunk].grad_slot, buf + opt_set_bytes / 4, grad_slot_bytes);
+    if (!grd.ok()) {
+      (void)r.handle.Wait();  // the buffer is free only once the state read is done
+      opt_staging.Give(buf);
+      return grd.status();
+    }
+    r.grad_handle = *grd;
+    r.has_grad = true;
+  }
+  nvme_reads[chunk] = r;
   return OkStatus();
 }
 
@@ -140,6 +154,10 @@ Status Engine::Impl::DropNvmeReads() {
   Status first;
   for (auto& [chunk, r] : nvme_reads) {
     Status st = r.handle.Wait();  // the buffer is the engine's again only once the read is done
+    if (r.has_grad) {
+      Status g = r.grad_handle.Wait();
+      if (st.ok()) st = g;
+    }
     opt_staging.Give(r.buf);
     if (first.ok() && !st.ok()) first = st;
   }
@@ -147,15 +165,35 @@ Status Engine::Impl::DropNvmeReads() {
   return first;
 }
 
-Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative, int next_chunk) {
+Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative, int next_chunk,
+                                   const float* grad) {
   OptChunk& o = opt[chunk];
+  // Gradients on NVMe are read with the state unless the caller holds the shard.
+  const bool read_grad = grad == nullptr && grad_tier == ZeroTier::kNvme;
   int64_t t0 = NowNs();
   const auto wait_start = std::chrono::steady_clock::now();
-  if (!nvme_reads.count(chunk)) STRATA_RETURN_IF_ERROR(IssueNvmeRead(chunk));
+  if (!nvme_reads.count(chunk)) STRATA_RETURN_IF_ERROR(IssueNvmeRead(chunk, read_grad));
   NvmeRead r = nvme_reads[chunk];
   nvme_reads.erase(chunk);
   float* st = r.buf;
   Status s = r.handle.Wait();
+  if (read_grad) {
+    // A read ahead issued during backward could not take the gradient (not final then).
+    if (!r.has_grad) {
+      auto grd = grad_store->Read(o.grad_slot, st + opt_set_bytes / 4, grad_slot_bytes);
+      if (grd.ok()) r.grad_handle = *grd;
+      Status g = grd.ok() ? r.grad_handle.Wait() : grd.status();
+      if (s.ok()) s = g;
+    } else {
+      Status g = r.grad_handle.Wait();
+      if (s.ok()) s = g;
+    }
+    if (s.ok()) bytes_nvme_read += grad_slot_bytes;
+    grad = st + opt_set_bytes / 4;
+  } else if (r.has_grad) {
+    (void)r.grad_handle.Wait();  // not needed after all; the buffer must be quiet before reuse
+  }
+  if (grad == nullptr) grad = o.grad;
   io_busy_ns += NowNs() - t0;
   Span(track_nvme, "wait read chunk " + std::to_string(chunk), wait_start, opt_set_bytes);
   // The whole chunk step (its read, Adam, and issuing its write) on the optimizer lane.
@@ -171,7 +209,8 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
   if (s.ok() && overlap && next_chunk >= 0 && !nvme_reads.count(next_chunk) && opt_staging_count > 2) {
     if (void* p = opt_staging.TryTake()) {
       opt_staging.Give(p);
-      s = IssueNvmeRead(next_chunk);
+      // During backward the next chunk's gradient is not final yet.
+      s = IssueNvmeRead(next_chunk, !speculative && grad_tier == ZeroTier::kNvme);
     }
   }
   if (s.ok()) {
@@ -180,7 +219,7 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
     bool on_host;
     void* out = Out16Target(chunk, &on_host);
     t0 = NowNs();
-    s = RunAdam(p, st, opt_elems, o.grad, compute, out, speculative ? &speculation_arena : nullptr);
+    s = RunAdam(p, st, opt_elems, grad, compute, out, speculative ? &speculation_arena : nullptr);
     opt_busy_ns += NowNs() - t0;
     if (s.ok()) s = PublishParams(chunk, out, on_host);
     if (on_host) param_staging.Give(out);
@@ -210,17 +249,26 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
 }
 
 // Runs on comm_worker once the chunk's gradient shard is final.
-void Engine::Impl::MaybeSpeculate(int chunk) {
+void Engine::Impl::MaybeSpeculate(int chunk, const float* grad, std::function<Status()> done) {
   if (!overlap) return;
   const float scale = scaler->grad_scale();
-  opt[chunk].spec_done = opt_worker.Submit([this, chunk, scale] {
-    const auto check_start = std::chrono::steady_clock::now();
-    auto stats = ComputeGradStats(GradView{opt[chunk].grad, DType::kF32}, opt_elems, &speculation_arena);
-    Span(track_optimizer, "grad check (speculative) chunk " + std::to_string(chunk), check_start);
-    if (!stats.ok()) return stats.status();
-    if (stats->has_inf_nan) return OkStatus();  // this step will be skipped anyway
-    // Backward finishes chunks in descending order: read the one below ahead.
-    return StepChunk(chunk, scale, /*speculative=*/true, chunk - 1);
+  opt[chunk].spec_done = opt_worker.Submit([this, chunk, scale, grad, done] {
+    Status s = [&]() -> Status {
+      if (grad == nullptr) {
+        const auto check_start = std::chrono::steady_clock::now();
+        auto stats = ComputeGradStats(GradView{opt[chunk].grad, DType::kF32}, opt_elems, &speculation_arena);
+        Span(track_optimizer, "grad check (speculative) chunk " + std::to_string(chunk), check_start);
+        if (!stats.ok()) return stats.status();
+        if (stats->has_inf_nan) return OkStatus();  // this step will be skipped anyway
+      }
+      // Backward finishes chunks in descending order: read the one below ahead.
+      return StepChunk(chunk, scale, /*speculative=*/true, chunk - 1, grad);
+    }();
+    if (done) {
+      Status d = done();
+      if (s.ok()) s = d;
+    }
+    return s;
   });
 }
 
@@ -283,6 +331,11 @@ Status Engine::Impl::RestoreParams(int chunk) {
 }
 
 Result<GradStats> Engine::Impl::LocalGradStats() {
+  if (grad_tier == ZeroTier::kNvme) {
+    GradStats all;  // taken per shard before it went to disk
+    for (const auto& o : opt) all.Merge(o.grad_stats);
+    return all;
+  }
   std::vector<GradShard> shards;
   for (const auto& o : opt) shards.push_back(GradShard{GradView{o.grad, DType::kF32}, static_cast<size_t>(opt_elems)});
   return ComputeGradStats(shards);
@@ -390,7 +443,7 @@ Result<StepResult> Engine::Step() {
   r.speculative_steps = s.speculative_count.exchange(0);
   for (auto& o : s.opt) {
     o.speculated = false;
-    std::memset(o.grad, 0, s.opt_elems * 4);
+    if (o.grad) std::memset(o.grad, 0, s.opt_elems * 4);  // nvme: the next first micro-batch overwrites
   }
   STRATA_RETURN_IF_ERROR(s.scaler->Update(overflow));
   s.micro_batch = 0;

@@ -30,6 +30,7 @@ TEST(Config, DefaultsFromEmptyObject) {
   EXPECT_EQ(c->optimizer.type, OptimizerType::kAdamW);
   EXPECT_TRUE(c->strata.checksum);
   EXPECT_TRUE(c->strata.overlap);
+  EXPECT_EQ(c->strata.gradients, "auto");
 }
 
 TEST(Config, DeepSpeedInfinityConfigMeansTheSame) {
@@ -109,6 +110,7 @@ TEST(Config, WrongTypesAndValues) {
   ExpectError(R"({"strata": {"chunk_size": "1000"}})", {"strata.chunk_size", "4 KiB"});
   ExpectError(R"({"strata": {"swap_paths": [1]}})", {"strata.swap_paths", "paths"});
   ExpectError(R"({"strata": {"io_backend": "libaio"}})", {"strata.io_backend", "io_uring|psync"});
+  ExpectError(R"({"strata": {"gradients": "cpu"}})", {"strata.gradients", "host|nvme"});
   ExpectError(R"([1, 2])", {"JSON object"});
 }
 
@@ -157,7 +159,7 @@ TEST(Config, LoadFile) {
 TEST(Config, RoundTripsThroughCanonicalJson) {
   auto c = ParseConfigText(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}},
                                 "fp16": {"enabled": true, "initial_scale_power": 12},
-                                "strata": {"swap_paths": ["/a", "/b"], "overlap": false}})");
+                                "strata": {"swap_paths": ["/a", "/b"], "overlap": false, "gradients": "nvme"}})");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   nlohmann::json j = ConfigToJson(*c);
   auto again = ParseConfig(j);
@@ -165,6 +167,7 @@ TEST(Config, RoundTripsThroughCanonicalJson) {
   EXPECT_EQ(ConfigToJson(*again), j);
   EXPECT_EQ(again->fp16.initial_scale_power, 12);
   EXPECT_FALSE(again->strata.overlap);
+  EXPECT_EQ(again->strata.gradients, "nvme");
   EXPECT_EQ(again->zero.offload_param.device, OffloadDevice::kCpu);
 }
 

@@ -58,7 +58,7 @@ inline void CheckAllCombos(Communicator& world) {
 inline void CheckOverlapEqualsSerial(Communicator& world, const std::string& extra) {
   zero::TrainSpec spec = SmallSpec(8);
   for (const Combo& c : {Combo{1, "cpu", "none"}, Combo{2, "none", "none"}, Combo{3, "cpu", "cpu"},
-                         Combo{3, "nvme", "nvme"}, Combo{3, "nvme", "none"}}) {
+                         Combo{3, "nvme", "nvme"}, Combo{3, "nvme", "none"}, Combo{3, "nvme", "nvme", "nvme"}}) {
     nlohmann::json e = extra.empty() ? nlohmann::json::object() : nlohmann::json::parse(extra);
     e["strata"]["overlap"] = false;
     EngineRun serial = RunEngine(world, MakeConfig(c, e.dump()), spec);
@@ -85,7 +85,7 @@ inline void CheckAccumulation(Communicator& world) {
   big.micro_batch = 16;
   zero::TrainSpec small = big;
   small.micro_batch = 4;
-  for (const Combo& c : {Combo{2, "cpu", "none"}, Combo{3, "nvme", "cpu"}}) {
+  for (const Combo& c : {Combo{2, "cpu", "none"}, Combo{3, "nvme", "cpu"}, Combo{3, "nvme", "none", "nvme"}}) {
     EngineRun one = RunEngine(world, MakeConfig(c), big);
     EngineRun four = RunEngine(world, MakeConfig(c, R"({"gradient_accumulation_steps": 4})"), small);
     ASSERT_TRUE(one.status.ok()) << one.status.ToString();
@@ -103,7 +103,8 @@ inline void CheckClipping(Communicator& world) {
   int clipped = 0;
   for (double c : ref->log.clip_coefs) clipped += c < 1;
   ASSERT_GT(clipped, 5) << "the clipping threshold should engage in most steps";
-  for (const Combo& c : {Combo{1, "none", "none"}, Combo{2, "cpu", "none"}, Combo{3, "nvme", "nvme"}}) {
+  for (const Combo& c : {Combo{1, "none", "none"}, Combo{2, "cpu", "none"}, Combo{3, "nvme", "nvme"},
+                         Combo{3, "nvme", "cpu", "nvme"}}) {
     EngineRun run = RunEngine(world, MakeConfig(c, extra), spec);
     ExpectMatchesReference(run, *ref, 1e-5, kAtol, kRtol, ComboName(c) + " with clipping");
   }
@@ -120,7 +121,8 @@ inline void CheckFp16Overflow(Communicator& world) {
   for (bool s : ref->log.skipped) skipped += s;
   ASSERT_GT(skipped, 0) << "the reference should overflow at scale 2^24";
   ASSERT_LT(skipped, spec.steps) << "and recover";
-  for (const Combo& c : {Combo{0, "none", "none"}, Combo{2, "cpu", "none"}, Combo{3, "nvme", "nvme"}}) {
+  for (const Combo& c : {Combo{0, "none", "none"}, Combo{2, "cpu", "none"}, Combo{3, "nvme", "nvme"},
+                         Combo{3, "nvme", "nvme", "nvme"}}) {
     EngineRun run = RunEngine(world, MakeConfig(c, extra), spec);
     ExpectMatchesReference(run, *ref, 2e-3, 2 * 0.01, 0, ComboName(c) + " fp16");
   }

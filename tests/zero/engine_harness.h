@@ -24,6 +24,7 @@ struct Combo {
   int stage;
   const char* opt;    // offload_optimizer.device
   const char* param;  // offload_param.device
+  const char* grads = "auto";  // strata.gradients (nvme optimizer only)
 };
 
 // Every combination DeepSpeed allows: offload needs stage >= 1, NVMe optimizer offload
@@ -34,11 +35,15 @@ inline std::vector<Combo> AllCombos() {
   for (const char* o : {"none", "cpu", "nvme"}) {
     for (const char* p : {"none", "cpu", "nvme"}) c.push_back({3, o, p});
   }
+  // The small test model fits the host budget, so "auto" keeps gradients in memory;
+  // the NVMe gradient path is forced here.
+  for (const char* p : {"none", "cpu", "nvme"}) c.push_back({3, "nvme", p, "nvme"});
   return c;
 }
 
 inline std::string ComboName(const Combo& c) {
-  return "stage" + std::to_string(c.stage) + "/opt=" + c.opt + "/param=" + c.param;
+  return "stage" + std::to_string(c.stage) + "/opt=" + c.opt + "/param=" + c.param +
+         (std::string(c.grads) == "auto" ? "" : std::string("/grads=") + c.grads);
 }
 
 // A swap directory private to this run. Every rank must name the same one (the config
@@ -74,6 +79,7 @@ inline Config MakeConfig(const Combo& c, const std::string& extra_json = "") {
   if (std::string(c.param) != "none") {
     j["zero_optimization"]["offload_param"] = {{"device", c.param}, {"nvme_path", swap}};
   }
+  if (std::string(c.grads) != "auto") j["strata"]["gradients"] = c.grads;
   if (!extra_json.empty()) j.merge_patch(nlohmann::json::parse(extra_json));
   auto cfg = ParseConfig(j);
   EXPECT_TRUE(cfg.ok()) << cfg.status().ToString() << "\n" << j.dump();

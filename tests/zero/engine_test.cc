@@ -66,6 +66,53 @@ TEST(Engine, HostBudgetTooSmallIsRefusedAtStart) {
   EXPECT_NE(run.status.message().find("host"), std::string::npos) << run.status.message();
 }
 
+// Creates an engine without training it: its memory plan, or the refusal.
+Result<EngineLayoutInfo> PlanOnly(const Config& config, const zero::TrainSpec& spec) {
+  DeviceOptions dopt;
+  dopt.kind = DeviceKind::kSim;
+  STRATA_ASSIGN_OR_RETURN(auto dev, CreateDevice(dopt));
+  auto init = [&](int m, int t, int64_t b, int64_t n, float* out) { model::InitTensorSlice(spec.model, m, t, b, n, out); };
+  STRATA_ASSIGN_OR_RETURN(auto engine,
+                          Engine::Create(config, model::MlpModules(spec.model), init, EngineResources{&World(), dev.get()}));
+  return engine->layout_info();
+}
+
+// strata.gradients "auto": a host budget that cannot hold one fp32 gradient shard per
+// chunk puts them on NVMe instead of refusing, and training still equals the reference.
+TEST(Engine, AutoMovesGradientsToNvmeWhenTheHostBudgetIsShort) {
+  zero::TrainSpec spec = SmallSpec(10);
+  spec.model.hidden.assign(16, 64);  // many chunks: host-resident gradients cost many shards
+  auto budget_json = [](uint64_t b) { return R"({"strata": {"host_budget": )" + std::to_string(b) + "}}"; };
+  // The smallest budget (in 16 KiB steps) that holds the plan with gradients on NVMe.
+  uint64_t budget = 0;
+  for (uint64_t b = 64 * 1024; b <= 8 * 1024 * 1024 && budget == 0; b += 16 * 1024) {
+    if (PlanOnly(MakeConfig({3, "nvme", "nvme", "nvme"}, budget_json(b)), spec).ok()) budget = b;
+  }
+  ASSERT_GT(budget, 0u) << "no budget up to 8 MiB holds the NVMe-gradient plan";
+  auto host = PlanOnly(MakeConfig({3, "nvme", "nvme", "host"}, budget_json(budget)), spec);
+  ASSERT_FALSE(host.ok()) << "the budget must be too small for gradients in memory, or this test proves nothing";
+  EXPECT_EQ(host.status().code(), StatusCode::kOutOfBudget) << host.status().ToString();
+  auto plan = PlanOnly(MakeConfig({3, "nvme", "nvme"}, budget_json(budget)), spec);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_TRUE(plan->gradients_on_nvme);
+  EXPECT_LE(plan->host_need, budget);
+  auto roomy = PlanOnly(MakeConfig({3, "nvme", "nvme"}), spec);
+  ASSERT_TRUE(roomy.ok()) << roomy.status().ToString();
+  EXPECT_FALSE(roomy->gradients_on_nvme) << "with room, gradients stay in memory (no extra I/O)";
+
+  auto ref = zero::TrainReference(MakeConfig({0, "none", "none"}), spec, World().size());
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  EngineRun run = RunEngine(World(), MakeConfig({3, "nvme", "nvme"}, budget_json(budget)), spec);
+  ExpectMatchesReference(run, *ref, 1e-5, kAtol, kRtol, "auto gradients on NVMe");
+  for (const auto& r : run.log.results) EXPECT_LE(r.host_high_water, budget);
+}
+
+TEST(Engine, GradientsOnNvmeNeedTheOptimizerOnNvme) {
+  EngineRun run = RunEngine(World(), MakeConfig({3, "cpu", "nvme", "nvme"}), SmallSpec(1));
+  ASSERT_EQ(run.status.code(), StatusCode::kInvalidArgument) << run.status.ToString();
+  EXPECT_NE(run.status.message().find("strata.gradients"), std::string::npos) << run.status.message();
+}
+
 TEST(Engine, NvmeOptimizerOffloadNeedsStage3) {
   Config c = MakeConfig({2, "none", "none"});
   c.zero.offload_optimizer.device = OffloadDevice::kNvme;

@@ -1,0 +1,96 @@
+// Gradient shards on NVMe (grad_tier kNvme, chosen by strata.gradients or when the
+// host budget cannot hold one fp32 shard per chunk).
+//
+// Why: with the optimizer state on NVMe the fp32 gradient shards are the largest thing
+// left in pinned host memory (4 bytes per parameter per rank), which caps the model at
+// about twice the host budget. Here a reduced shard passes through one of a few pinned
+// buffers (grad_host) on its way to a slot of its own store; the step reads it back with
+// the state into the same staging set. When the step is speculative the shard is used
+// from the pinned buffer before it goes to disk, so the disk copy is only read again
+// when that step is redone (clipping, overflow) or when overlap is off.
+//
+// Accumulation over micro-batches reads the shard back, adds, and writes it again on
+// the comm worker, in micro-batch order; every micro-batch after the first costs one
+// read and one write per shard.
+#include <chrono>
+
+#include "strata/grad_stats.h"
+#include "strata/log.h"
+#include "zero/engine_impl.h"
+
+namespace strata {
+
+Status Engine::Impl::OpenGradStore() {
+  NvmeStoreOptions so;
+  const OffloadConfig& o = config.zero.offload_optimizer;
+  so.paths = !o.nvme_path.empty() ? o.nvme_path : config.strata.swap_paths;
+  so.name = "strata-grad-r" + std::to_string(rank);
+  so.slot_size = grad_slot_bytes;
+  so.slot_count = layout.num_chunks;
+  so.checksum = config.strata.checksum;
+  STRATA_ASSIGN_OR_RETURN(grad_store, NvmeStore::Open(*io, so));
+  for (auto& chunk : opt) {
+    STRATA_ASSIGN_OR_RETURN(chunk.grad_slot, grad_store->Allocate());
+  }
+  return OkStatus();
+}
+
+Status Engine::Impl::AccumulateGradOnNvme(int chunk, const float* part, int micro_batch_index,
+                                          bool last_micro_batch) {
+  OptChunk& o = opt[chunk];
+  const uint64_t bytes = opt_elems * 4;
+  auto* buf = static_cast<float*>(grad_host.Take());
+  Status st;
+  if (micro_batch_index == 0) {
+    st = CopyToHost(buf, part, bytes);
+  } else {
+    const int64_t t0 = NowNs();
+    const auto span_start = std::chrono::steady_clock::now();
+    auto rd = grad_store->Read(o.grad_slot, buf, grad_slot_bytes);
+    st = rd.ok() ? rd->Wait() : rd.status();
+    io_busy_ns += NowNs() - t0;
+    Span(track_nvme, "read grad chunk " + std::to_string(chunk), span_start, grad_slot_bytes);
+    if (st.ok()) {
+      bytes_nvme_read += grad_slot_bytes;
+      st = CopyToHost(host_recv, part, bytes);
+    }
+    if (st.ok()) {
+      for (int64_t i = 0; i < opt_elems; ++i) buf[i] += host_recv[i];
+    }
+  }
+  if (st.ok() && last_micro_batch) {
+    // The global norm and the overflow flag need every shard; take this one's part now,
+    // while it is in memory, so Step() reads nothing back to learn them.
+    auto stats = ComputeGradStats(GradView{buf, DType::kF32}, opt_elems);
+    if (stats.ok()) {
+      o.grad_stats = *stats;
+    } else {
+      st = stats.status();
+    }
+  }
+  if (!st.ok()) {
+    grad_host.Give(buf);
+    return st;
+  }
+  auto wr = grad_store->Write(o.grad_slot, buf, grad_slot_bytes);
+  if (!wr.ok()) {
+    grad_host.Give(buf);
+    return wr.status().WithContext("writing the gradient shard of chunk " + std::to_string(chunk) + " to NVMe");
+  }
+  bytes_nvme_written += grad_slot_bytes;
+  IoHandle write = *wr;
+  auto finish = [this, write, buf, chunk]() mutable {
+    Status s = write.Wait();
+    grad_host.Give(buf);
+    return s.WithContext("writing the gradient shard of chunk " + std::to_string(chunk) + " to NVMe");
+  };
+  if (last_micro_batch && overlap && !o.grad_stats.has_inf_nan) {
+    // The speculative step reads the pinned copy while it is written, and hands the
+    // buffer back once both are done.
+    MaybeSpeculate(chunk, buf, finish);
+    return OkStatus();
+  }
+  return finish();
+}
+
+}  // namespace strata
