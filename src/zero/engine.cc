@@ -26,6 +26,10 @@ ZeroTier TierOf(OffloadDevice d) {
 // and the parameter tier (one per worker that may hold one at a time, plus one).
 constexpr int kParamStaging = 3;
 
+// Stage 3 gathers run up to this many modules ahead (engine_gather.cc): enough to keep
+// several shard reads in flight; further ahead only holds device memory longer.
+constexpr uint64_t kPrefetchModules = 3;
+
 uint64_t Align4K(uint64_t b) { return (b + 4095) / 4096 * 4096; }
 
 // Writes the initial fp32 values of chunk positions [begin, begin + count) into out
@@ -219,14 +223,8 @@ Status Engine::Impl::AllocateMemory() {
   opt_set_bytes = Align4K(3 * opt_bytes);
   grad_slot_bytes = Align4K(opt_bytes);
   staging_set_bytes = opt_set_bytes;
-  size_t max_module_chunks = 1, max_pair_chunks = 1;
-  for (size_t k = 0; k < l.module_chunks.size(); ++k) {
-    max_module_chunks = std::max(max_module_chunks, l.module_chunks[k].size());
-    std::vector<int> u = l.module_chunks[k];
-    if (k + 1 < l.module_chunks.size()) u.insert(u.end(), l.module_chunks[k + 1].begin(), l.module_chunks[k + 1].end());
-    std::sort(u.begin(), u.end());
-    max_pair_chunks = std::max<size_t>(max_pair_chunks, std::unique(u.begin(), u.end()) - u.begin());
-  }
+  size_t max_module_chunks = 1;
+  for (const auto& chunks : l.module_chunks) max_module_chunks = std::max(max_module_chunks, chunks.size());
   grad_buffers = static_cast<int>(max_module_chunks) + 1;
   const uint64_t recv_elems = (stage <= 1) ? l.chunk_elems : l.shard_elems;
 
@@ -325,12 +323,14 @@ Status Engine::Impl::AllocateMemory() {
   gather_buffers = 0;
   if (stage == 3) {
     uint64_t room = dev_have - dev;
-    uint64_t extra = std::min<uint64_t>(max_pair_chunks + max_module_chunks, n_chunks) - max_module_chunks;
+    // Room to gather kPrefetchModules modules ahead of the running one, as the budget allows.
+    uint64_t extra = std::min<uint64_t>(max_module_chunks * (1 + kPrefetchModules), n_chunks) - max_module_chunks;
     uint64_t cap = config.zero.stage3_max_live_parameters
                        ? std::max<uint64_t>(config.zero.stage3_max_live_parameters / l.chunk_elems, max_module_chunks)
                        : n_chunks;
     extra = std::min<uint64_t>({extra, room / chunk16, cap - std::min<uint64_t>(cap, max_module_chunks)});
     gather_buffers = static_cast<int>(max_module_chunks + extra);
+    prefetch_modules = static_cast<int>(std::max<uint64_t>(1, extra / max_module_chunks));
     dev += extra * chunk16;
   }
   info.device_need = dev;
@@ -341,7 +341,7 @@ Status Engine::Impl::AllocateMemory() {
                               << l.chunk_elems << " (shard " << l.shard_elems << "); device " << FormatBytes(dev)
                               << ", host " << FormatBytes(host) << ", nvme " << FormatBytes(nvme)
                               << "; spares " << spares << ", staging sets " << opt_staging_count
-                              << ", gather buffers " << gather_buffers
+                              << ", gather buffers " << gather_buffers << " (prefetch " << prefetch_modules << " modules)"
                               << (grad_tier == ZeroTier::kNvme ? "; gradients on NVMe" : "");
 
   if (host > 0 && arena == nullptr) {

@@ -1,5 +1,5 @@
-// The hooks the model calls around each module: stage 3 gathers (with one module of
-// prefetch), gradient buffers, and the asynchronous reduction of finished chunks.
+// The hooks the model calls around each module: stage 3 gathers (engine_gather.cc),
+// gradient buffers, and the asynchronous reduction of finished chunks.
 //
 // Every collective is issued by comm_worker in the order the training thread submits
 // it; that order depends only on the model and the configuration, so it is the same
@@ -13,108 +13,6 @@
 #include "zero/engine_impl.h"
 
 namespace strata {
-
-void* Engine::Impl::ChunkParams(int chunk) {
-  if (stage < 3) return static_cast<uint8_t*>(param_full) + chunk * layout.chunk_elems * csize;
-  auto it = gathered.find(chunk);
-  STRATA_CHECK_MSG(it != gathered.end(), "chunk used before it was gathered");
-  return it->second.buf;
-}
-
-// Reads this rank's 16-bit shard of `chunk` from its tier into dst (device memory).
-Status Engine::Impl::GatherNow(int chunk, void* dst) {
-  const uint64_t bytes = layout.shard_elems * csize;
-  int64_t t0 = NowNs();
-  const auto span_start = std::chrono::steady_clock::now();
-  Status st;
-  switch (param_tier) {
-    case ZeroTier::kDevice:
-      st = device->CopyAsync(h2d, dst, param_shard[chunk].ptr, bytes, CopyDir::kDeviceToDevice);
-      if (st.ok()) st = device->Synchronize(h2d);
-      break;
-    case ZeroTier::kHost: st = CopyToDevice(dst, param_shard[chunk].ptr, bytes); break;
-    case ZeroTier::kNvme: {
-      void* buf = param_staging.Take();
-      auto h = param_store->Read(param_shard[chunk].slot, buf, bytes);
-      st = h.ok() ? h->Wait() : h.status();
-      if (st.ok()) {
-        bytes_nvme_read += bytes;
-        st = CopyToDevice(dst, buf, bytes);
-      }
-      param_staging.Give(buf);
-      break;
-    }
-  }
-  io_busy_ns += NowNs() - t0;
-  Span(track_fetch, "fetch chunk " + std::to_string(chunk), span_start, bytes);
-  return st.WithContext("fetching the parameter shard of chunk " + std::to_string(chunk));
-}
-
-void Engine::Impl::StartGather(int chunk) {
-  Gathered g;
-  g.buf = gather_pool.free.back();
-  gather_pool.free.pop_back();
-  const uint64_t shard_bytes = layout.shard_elems * csize;
-  void* mine = static_cast<uint8_t*>(g.buf) + rank * shard_bytes;
-  std::shared_future<Status> fetched = fetch_worker.Submit([this, chunk, mine] { return GatherNow(chunk, mine); });
-  g.ready = comm_worker.Submit([this, fetched, g, mine, chunk] {
-    STRATA_RETURN_IF_ERROR(fetched.get());
-    int64_t t0 = NowNs();
-    const auto span_start = std::chrono::steady_clock::now();
-    Status st = world->AllGather(mine, g.buf, layout.shard_elems, compute).Wait();
-    comm_busy_ns += NowNs() - t0;
-    Span(track_comm, "all-gather chunk " + std::to_string(chunk), span_start, layout.chunk_elems * csize);
-    bytes_comm += layout.chunk_elems * csize;
-    return st;
-  });
-  gathered[chunk] = g;
-}
-
-Status Engine::Impl::EnsureGathered(int chunk) {
-  if (!gathered.count(chunk)) {
-    if (gather_pool.free.empty()) {
-      // Reuse the buffer of a gathered chunk nobody uses now (the oldest prefetch).
-      for (auto it = gathered.begin(); it != gathered.end(); ++it) {
-        if (it->second.users == 0) {
-          STRATA_RETURN_IF_ERROR(it->second.ready.get());
-          gather_pool.free.push_back(it->second.buf);
-          gathered.erase(it);
-          break;
-        }
-      }
-      if (gather_pool.free.empty()) {
-        return OutOfBudgetError("engine: no free gather buffer for chunk " + std::to_string(chunk) + " (" +
-                                std::to_string(gather_buffers) + " buffers, all in use); raise strata.device_budget");
-      }
-    }
-    StartGather(chunk);
-  }
-  Gathered& g = gathered[chunk];
-  STRATA_RETURN_IF_ERROR(g.ready.get());
-  ++g.users;
-  return OkStatus();
-}
-
-// Drops gathered chunks that neither `module` (still running) nor `next_module` needs.
-void Engine::Impl::ReleaseGathered(int module, int next_module) {
-  for (int c : layout.module_chunks[module]) --gathered[c].users;
-  const std::vector<int>* keep = next_module >= 0 ? &layout.module_chunks[next_module] : nullptr;
-  for (auto it = gathered.begin(); it != gathered.end();) {
-    bool needed = keep && std::find(keep->begin(), keep->end(), it->first) != keep->end();
-    // Releasing does not depend on timing (that would let ranks diverge in the order
-    // of later collectives): a chunk still in flight is waited for.
-    if (it->second.users == 0 && !needed) {
-      Status st = it->second.ready.get();
-      if (!st.ok()) {
-        STRATA_LOG(kError, "engine") << "gather of chunk " << it->first << " failed: " << st.ToString();
-      }
-      gather_pool.free.push_back(it->second.buf);
-      it = gathered.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
 
 Status Engine::BeginMicroBatch() {
   Impl& s = *impl_;
@@ -136,13 +34,9 @@ Result<model::ModuleParams> Engine::BeforeForward(int module) {
   if (!s.in_micro_batch) STRATA_RETURN_IF_ERROR(BeginMicroBatch());
   if (s.stage == 3) {
     for (int c : s.layout.module_chunks[module]) STRATA_RETURN_IF_ERROR(s.EnsureGathered(c));
-    // Prefetch the next module's chunks while this one computes, as buffers allow.
-    if (module + 1 < static_cast<int>(s.modules.size())) {
-      for (int c : s.layout.module_chunks[module + 1]) {
-        if (!s.gathered.count(c) && !s.gather_pool.free.empty()) s.StartGather(c);
-      }
-    }
+    s.Prefetch(s.ForwardPos(module));
   }
+  if (module == 0 && s.LastMicroBatch()) s.ReadStatesAhead();
   model::ModuleParams p;
   p.dtype = s.compute;
   for (const auto& t : s.layout.tensors[module]) {
@@ -155,10 +49,7 @@ Result<model::ModuleParams> Engine::BeforeForward(int module) {
 Status Engine::AfterForward(int module) {
   Impl& s = *impl_;
   s.Span(s.track_compute, "forward " + s.modules[module].name, s.module_start);
-  if (s.stage == 3) {
-    int last = static_cast<int>(s.modules.size()) - 1;
-    s.ReleaseGathered(module, module < last ? module + 1 : module);
-  }
+  if (s.stage == 3) s.ReleaseGathered(module, s.ForwardPos(module));
   return OkStatus();
 }
 
@@ -169,11 +60,7 @@ Result<model::ModuleBackward> Engine::BeforeBackward(int module) {
   }
   if (s.stage == 3) {
     for (int c : s.layout.module_chunks[module]) STRATA_RETURN_IF_ERROR(s.EnsureGathered(c));
-    if (module > 0) {
-      for (int c : s.layout.module_chunks[module - 1]) {
-        if (!s.gathered.count(c) && !s.gather_pool.free.empty()) s.StartGather(c);
-      }
-    }
+    s.Prefetch(s.BackwardPos(module));
   }
   model::ModuleBackward b;
   b.params.dtype = s.compute;
@@ -197,7 +84,7 @@ Result<model::ModuleBackward> Engine::BeforeBackward(int module) {
 Status Engine::AfterBackward(int module) {
   Impl& s = *impl_;
   s.Span(s.track_compute, "backward " + s.modules[module].name, s.module_start);
-  if (s.stage == 3) s.ReleaseGathered(module, module - 1);
+  if (s.stage == 3) s.ReleaseGathered(module, s.BackwardPos(module));
   for (int c : s.layout.module_chunks[module]) {
     if (--s.chunk_pending_modules[c] > 0) continue;
     float* g = s.grad_bufs[c];

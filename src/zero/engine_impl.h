@@ -145,6 +145,7 @@ struct Engine::Impl {
   std::map<int, Gathered> gathered;
   Pool gather_pool;
   int gather_buffers = 0;
+  int prefetch_modules = 1;   // how far ahead in the trace gathers start
 
   // Gradient chunk buffers (fp32, device) handed to the model during backward.
   std::map<int, float*> grad_bufs;
@@ -185,12 +186,27 @@ struct Engine::Impl {
   Status CopyToDevice(void* dst, const void* src, uint64_t bytes);
   Status CopyToHost(void* dst, const void* src, uint64_t bytes);
 
-  // --- engine_hooks.cc ---
+  // --- engine_gather.cc (stage 3) ---
+  // Positions in one micro-batch's trace: forward 0..L, then backward L..0.
+  int ForwardPos(int module) const { return module; }
+  int BackwardPos(int module) const { return 2 * static_cast<int>(modules.size()) - 1 - module; }
   void* ChunkParams(int chunk);  // compute copy of a chunk (stage 3: gathered)
   Status EnsureGathered(int chunk);
+  // Starts gathers for the chunks of the next prefetch_modules modules after `pos`.
+  void Prefetch(int pos);
   void StartGather(int chunk);
-  void ReleaseGathered(int module, int next_module);
-  Status GatherNow(int chunk, void* dst);
+  // After the module at `pos` ran: frees gathered chunks no module in the window needs.
+  void ReleaseGathered(int module, int pos);
+  Status FetchShard(int chunk, void* dst, void* staged, std::optional<IoHandle> read,
+                    std::chrono::steady_clock::time_point start);
+  // Reads the optimizer state of the chunks the backward steps first into free staging
+  // sets (last micro-batch, optimizer on NVMe, overlap on); runs on opt_worker.
+  void ReadStatesAhead();
+  // Issues state reads for `from`, from - 1, ... while staging sets are free, keeping two
+  // for the step and its write. Optimizer thread only.
+  Status ReadAheadDescending(int from);
+
+  // --- engine_hooks.cc ---
   Status ReduceChunk(int chunk, float* grad, int micro_batch_index, bool last_micro_batch);
   Status WaitReduces();
 

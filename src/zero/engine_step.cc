@@ -205,12 +205,13 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
   } step_span{this, std::string(speculative ? "step (speculative) chunk " : "step chunk ") + std::to_string(chunk),
               wait_start};
   if (s.ok()) bytes_nvme_read += opt_set_bytes;
-  // Read the next chunk while this one steps, if a staging set is free.
-  if (s.ok() && overlap && next_chunk >= 0 && !nvme_reads.count(next_chunk) && opt_staging_count > 2) {
+  // Read the next chunks while this one steps, as staging sets are free.
+  if (s.ok() && overlap && next_chunk >= 0 && speculative) {
+    s = ReadAheadDescending(next_chunk);
+  } else if (s.ok() && overlap && next_chunk >= 0 && !nvme_reads.count(next_chunk) && opt_staging_count > 2) {
     if (void* p = opt_staging.TryTake()) {
       opt_staging.Give(p);
-      // During backward the next chunk's gradient is not final yet.
-      s = IssueNvmeRead(next_chunk, !speculative && grad_tier == ZeroTier::kNvme);
+      s = IssueNvmeRead(next_chunk, grad_tier == ZeroTier::kNvme);
     }
   }
   if (s.ok()) {

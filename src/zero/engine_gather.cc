@@ -1,0 +1,185 @@
+// Stage 3 parameter gathers along the trace, and optimizer-state read-ahead.
+//
+// The trace of a micro-batch is forward 0..L then backward L..0. Gathers start for the
+// next prefetch_modules modules after the one running, as gather buffers allow; a
+// gathered chunk stays while a module in that window needs it, so the last modules of
+// forward are still there when backward starts with them. Which chunks are gathered and
+// released depends only on module indices and buffer counts, never on timing, so every
+// rank issues the same all-gathers in the same order.
+//
+// NVMe shards are read in two halves: the read is issued on the training thread as
+// soon as the gather starts (into a pinned staging buffer, when one is free), and
+// fetch_worker waits for it and copies it to the device. Several reads are then in
+// flight at once, and one shard's copy overlaps the next one's read.
+#include <algorithm>
+#include <chrono>
+
+#include "strata/log.h"
+#include "zero/engine_impl.h"
+
+namespace strata {
+
+void* Engine::Impl::ChunkParams(int chunk) {
+  if (stage < 3) return static_cast<uint8_t*>(param_full) + chunk * layout.chunk_elems * csize;
+  auto it = gathered.find(chunk);
+  STRATA_CHECK_MSG(it != gathered.end(), "chunk used before it was gathered");
+  return it->second.buf;
+}
+
+// Brings this rank's 16-bit shard of `chunk` into dst (device memory). For the NVMe tier
+// `read` is the read already issued into `staged`, or empty to read now.
+Status Engine::Impl::FetchShard(int chunk, void* dst, void* staged, std::optional<IoHandle> read,
+                                std::chrono::steady_clock::time_point start) {
+  const uint64_t bytes = layout.shard_elems * csize;
+  int64_t t0 = NowNs();
+  Status st;
+  switch (param_tier) {
+    case ZeroTier::kDevice:
+      st = device->CopyAsync(h2d, dst, param_shard[chunk].ptr, bytes, CopyDir::kDeviceToDevice);
+      if (st.ok()) st = device->Synchronize(h2d);
+      break;
+    case ZeroTier::kHost: st = CopyToDevice(dst, param_shard[chunk].ptr, bytes); break;
+    case ZeroTier::kNvme: {
+      if (staged == nullptr) staged = param_staging.Take();
+      if (!read) {
+        auto h = param_store->Read(param_shard[chunk].slot, staged, bytes);
+        if (h.ok()) read = *h;
+        st = h.status();
+      }
+      if (st.ok()) st = read->Wait();
+      if (st.ok()) {
+        bytes_nvme_read += bytes;
+        st = CopyToDevice(dst, staged, bytes);
+      }
+      param_staging.Give(staged);
+      break;
+    }
+  }
+  io_busy_ns += NowNs() - t0;
+  Span(track_fetch, "fetch chunk " + std::to_string(chunk), start, bytes);
+  return st.WithContext("fetching the parameter shard of chunk " + std::to_string(chunk));
+}
+
+void Engine::Impl::StartGather(int chunk) {
+  Gathered g;
+  g.buf = gather_pool.free.back();
+  gather_pool.free.pop_back();
+  const uint64_t shard_bytes = layout.shard_elems * csize;
+  void* mine = static_cast<uint8_t*>(g.buf) + rank * shard_bytes;
+  const auto start = std::chrono::steady_clock::now();
+  void* staged = nullptr;
+  std::optional<IoHandle> read;
+  if (param_tier == ZeroTier::kNvme && (staged = param_staging.TryTake()) != nullptr) {
+    auto h = param_store->Read(param_shard[chunk].slot, staged, shard_bytes);
+    if (h.ok()) {
+      read = *h;
+    } else {
+      // FetchShard reads again and reports the error with its context.
+      param_staging.Give(staged);
+      staged = nullptr;
+    }
+  }
+  std::shared_future<Status> fetched = fetch_worker.Submit(
+      [this, chunk, mine, staged, read, start] { return FetchShard(chunk, mine, staged, read, start); });
+  g.ready = comm_worker.Submit([this, fetched, g, mine, chunk] {
+    STRATA_RETURN_IF_ERROR(fetched.get());
+    int64_t t0 = NowNs();
+    const auto span_start = std::chrono::steady_clock::now();
+    Status st = world->AllGather(mine, g.buf, layout.shard_elems, compute).Wait();
+    comm_busy_ns += NowNs() - t0;
+    Span(track_comm, "all-gather chunk " + std::to_string(chunk), span_start, layout.chunk_elems * csize);
+    bytes_comm += layout.chunk_elems * csize;
+    return st;
+  });
+  gathered[chunk] = g;
+}
+
+Status Engine::Impl::EnsureGathered(int chunk) {
+  if (!gathered.count(chunk)) {
+    if (gather_pool.free.empty()) {
+      // Reuse the buffer of a gathered chunk nobody uses now (the oldest prefetch).
+      for (auto it = gathered.begin(); it != gathered.end(); ++it) {
+        if (it->second.users == 0) {
+          STRATA_RETURN_IF_ERROR(it->second.ready.get());
+          gather_pool.free.push_back(it->second.buf);
+          gathered.erase(it);
+          break;
+        }
+      }
+      if (gather_pool.free.empty()) {
+        return OutOfBudgetError("engine: no free gather buffer for chunk " + std::to_string(chunk) + " (" +
+                                std::to_string(gather_buffers) + " buffers, all in use); raise strata.device_budget");
+      }
+    }
+    StartGather(chunk);
+  }
+  Gathered& g = gathered[chunk];
+  STRATA_RETURN_IF_ERROR(g.ready.get());
+  ++g.users;
+  return OkStatus();
+}
+
+namespace {
+int ModuleAt(int pos, int num_modules) { return pos < num_modules ? pos : 2 * num_modules - 1 - pos; }
+}  // namespace
+
+void Engine::Impl::Prefetch(int pos) {
+  const int n = static_cast<int>(modules.size());
+  for (int p = pos + 1; p <= pos + prefetch_modules && p < 2 * n; ++p) {
+    for (int c : layout.module_chunks[ModuleAt(p, n)]) {
+      if (gathered.count(c)) continue;
+      if (gather_pool.free.empty()) return;  // in trace order: nothing later jumps the queue
+      StartGather(c);
+    }
+  }
+}
+
+void Engine::Impl::ReleaseGathered(int module, int pos) {
+  const int n = static_cast<int>(modules.size());
+  for (int c : layout.module_chunks[module]) --gathered[c].users;
+  std::vector<int> keep;
+  for (int p = pos + 1; p <= pos + prefetch_modules && p < 2 * n; ++p) {
+    const auto& chunks = layout.module_chunks[ModuleAt(p, n)];
+    keep.insert(keep.end(), chunks.begin(), chunks.end());
+  }
+  for (auto it = gathered.begin(); it != gathered.end();) {
+    const bool needed = std::find(keep.begin(), keep.end(), it->first) != keep.end();
+    // A chunk still in flight is waited for: releasing must not depend on timing.
+    if (it->second.users == 0 && !needed) {
+      Status st = it->second.ready.get();
+      if (!st.ok()) {
+        STRATA_LOG(kError, "engine") << "gather of chunk " << it->first << " failed: " << st.ToString();
+      }
+      gather_pool.free.push_back(it->second.buf);
+      it = gathered.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+Status Engine::Impl::ReadAheadDescending(int from) {
+  int in_flight = static_cast<int>(nvme_reads.size());
+  for (int c = from; c >= 0 && in_flight < opt_staging_count - 2; --c) {
+    if (nvme_reads.count(c)) continue;
+    void* p = opt_staging.TryTake();
+    if (p == nullptr) break;
+    opt_staging.Give(p);  // IssueNvmeRead takes it again; only this thread takes sets now
+    STRATA_RETURN_IF_ERROR(IssueNvmeRead(c, /*with_grad=*/false));
+    ++in_flight;
+  }
+  return OkStatus();
+}
+
+void Engine::Impl::ReadStatesAhead() {
+  if (opt_tier != ZeroTier::kNvme || !overlap) return;
+  // The backward finishes the last chunk first. A failed read is not lost: the step
+  // finds no read for its chunk and issues it again, which reports the error.
+  opt_worker.Submit([this] {
+    Status st = ReadAheadDescending(layout.num_chunks - 1);
+    if (!st.ok()) STRATA_LOG(kWarn, "engine") << "optimizer state read-ahead: " << st.ToString();
+    return OkStatus();
+  });
+}
+
+}  // namespace strata
