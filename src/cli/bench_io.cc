@@ -3,6 +3,7 @@
 // beside fio's (io_uring, fixed buffers, registered files) at the same block size,
 // queue depth and files, measured in the same run.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -77,6 +78,7 @@ class IoBench {
   Status Setup() {
     arena_ = static_cast<char*>(std::aligned_alloc(2 << 20, arena_bytes_));
     if (arena_ == nullptr) return ResourceExhaustedError("bench io: cannot allocate " + FormatBytes(arena_bytes_));
+    if (std::getenv("STRATA_THP")) madvise(arena_, arena_bytes_, MADV_HUGEPAGE);  // DIAG
     std::mt19937_64 rng(7);
     for (uint64_t i = 0; i < arena_bytes_; i += 8) {
       uint64_t v = rng();
@@ -84,6 +86,7 @@ class IoBench {
     }
     for (const auto& f : files_) STRATA_RETURN_IF_ERROR(Allocate(f, false));
     // Fill the files so reads read written data and writes are overwrites.
+    if (std::getenv("STRATA_NOFILL")) return OkStatus();  // DIAG
     uint64_t fill_bs = std::min<uint64_t>(8 << 20, arena_bytes_);
     while (per_file_ % fill_bs) fill_bs /= 2;
     auto r = Pass(Mode::kSeqWrite, fill_bs, static_cast<int>(std::min<uint64_t>(16, arena_bytes_ / fill_bs)), false, nullptr);

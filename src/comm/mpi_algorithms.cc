@@ -26,12 +26,21 @@ const std::byte* Bytes(const void* p) { return static_cast<const std::byte*>(p);
 }  // namespace
 
 Status DirectAllGatherV(MpiContext& ctx, void* buf, const std::vector<size_t>& offset,
-                        const std::vector<size_t>& length, DType dtype) {
+                        const std::vector<size_t>& length, DType dtype, const void* own_src) {
   const size_t ds = DTypeSize(dtype);
   const int p = ctx.size;
-  if (p == 1) return OkStatus();
+  const size_t me = static_cast<size_t>(ctx.rank);
+  std::byte* own_dst = Bytes(buf) + offset[me] * ds;
+  const size_t my_len = length[me] * ds;
+  const std::byte* own = own_src != nullptr ? Bytes(own_src) : own_dst;
+  const bool copy_own = my_len != 0 && own != own_dst;
+  if (p == 1) {
+    if (copy_own) std::memmove(own_dst, own, my_len);
+    return OkStatus();
+  }
   size_t longest = *std::max_element(length.begin(), length.end()) * ds;
   std::vector<MPI_Request> reqs;
+  reqs.reserve(2 * static_cast<size_t>(p));
   for (size_t off = 0; off < longest; off += kMaxMessageBytes) {
     reqs.clear();
     for (int s = 1; s < p; ++s) {  // receives first: they are what the watchdog cancels
@@ -45,16 +54,18 @@ Status DirectAllGatherV(MpiContext& ctx, void* buf, const std::vector<size_t>& o
                                  "all-gather: MPI_Irecv");
     }
     size_t n_recv = reqs.size();
-    size_t my_len = length[static_cast<size_t>(ctx.rank)] * ds;
     if (off < my_len) {
       int n = static_cast<int>(std::min(kMaxMessageBytes, my_len - off));
-      const std::byte* mine = Bytes(buf) + offset[static_cast<size_t>(ctx.rank)] * ds + off;
       for (int s = 1; s < p; ++s) {
         reqs.push_back(MPI_REQUEST_NULL);
         STRATA_MPI_RETURN_IF_ERROR(
-            MPI_Isend(mine, n, MPI_BYTE, (ctx.rank + s) % p, ctx.tag, ctx.comm, &reqs.back()),
+            MPI_Isend(own + off, n, MPI_BYTE, (ctx.rank + s) % p, ctx.tag, ctx.comm, &reqs.back()),
             "all-gather: MPI_Isend");
       }
+      // The own block is copied while the peers pull it, and sent from the caller's
+      // buffer rather than from the fresh copy: sending what memmove just wrote (with
+      // non-temporal stores, out of cache) made a 1 MiB all-gather 1.5x slower.
+      if (copy_own) std::memmove(own_dst + off, own + off, static_cast<size_t>(n));
     }
     STRATA_RETURN_IF_ERROR(ctx.WaitAll(reqs, n_recv));
   }
@@ -62,13 +73,10 @@ Status DirectAllGatherV(MpiContext& ctx, void* buf, const std::vector<size_t>& o
 }
 
 Status DirectAllGather(MpiContext& ctx, const void* send, void* recv, size_t count_per_rank, DType dtype) {
-  const size_t bytes = count_per_rank * DTypeSize(dtype);
-  std::byte* own = Bytes(recv) + static_cast<size_t>(ctx.rank) * bytes;
-  if (bytes != 0 && Bytes(send) != own) std::memmove(own, send, bytes);
-  if (bytes == 0) return OkStatus();
+  if (count_per_rank == 0) return OkStatus();
   std::vector<size_t> offset(static_cast<size_t>(ctx.size)), length(static_cast<size_t>(ctx.size), count_per_rank);
   for (size_t r = 0; r < offset.size(); ++r) offset[r] = r * count_per_rank;
-  return DirectAllGatherV(ctx, recv, offset, length, dtype);
+  return DirectAllGatherV(ctx, recv, offset, length, dtype, send);
 }
 
 Status DirectReduceScatterV(MpiContext& ctx, const void* send, void* recv_block, const std::vector<size_t>& offset,

@@ -1,5 +1,6 @@
 #include "comm/mpi_communicator.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -49,7 +50,8 @@ Status MpiContext::WaitAll(std::vector<MPI_Request>& reqs, size_t n_recv) {
       Abandon(reqs, n_recv);
       return on_deadline ? on_deadline() : DeadlineExceededError("collective timed out");
     }
-    std::this_thread::yield();  // ranks may outnumber cores (mpirun --oversubscribe)
+    static const bool kNoYield = std::getenv("X_NOYIELD") != nullptr;
+    if (!kNoYield) std::this_thread::yield();  // ranks may outnumber cores (mpirun --oversubscribe)
   }
 }
 
@@ -77,24 +79,28 @@ std::byte* MpiContext::Staging(size_t bytes) {
 
 class MpiCommunicator::Op final : public comm_internal::PendingOp {
  public:
-  Op(uint64_t seq, std::string what, std::function<Status(MpiContext&)> fn)
-      : seq(seq), what(std::move(what)), fn(std::move(fn)) {}
+  Op(MpiCommunicator* owner, uint64_t seq, std::string what, std::function<Status(MpiContext&)> fn)
+      : seq(seq), what(std::move(what)), fn(std::move(fn)), owner_(owner) {}
   Status Wait() override {
+    // A finished op never touches its communicator, which may be gone by now (its
+    // destructor drains the queue, so every op of a destroyed communicator is done).
+    if (!done_.load(std::memory_order_acquire)) owner_->RunInline(this);
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
+    cv_.wait(lock, [&] { return done_.load(std::memory_order_relaxed); });
     return status_;
   }
   Result<bool> Test() override {
+    if (!done_.load(std::memory_order_acquire)) return false;
     std::lock_guard<std::mutex> lock(mu_);
-    if (!done_) return false;
     if (!status_.ok()) return status_;
     return true;
   }
+  bool done() const { return done_.load(std::memory_order_acquire); }
   void Complete(Status s) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       status_ = std::move(s);
-      done_ = true;
+      done_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
   }
@@ -103,9 +109,10 @@ class MpiCommunicator::Op final : public comm_internal::PendingOp {
   std::function<Status(MpiContext&)> fn;
 
  private:
+  MpiCommunicator* const owner_;
   std::mutex mu_;
   std::condition_variable cv_;
-  bool done_ = false;
+  std::atomic<bool> done_{false};
   Status status_;
 };
 
@@ -152,46 +159,92 @@ CommHandle MpiCommunicator::Submit(std::string what, std::function<Status(MpiCon
     return CommHandle::Done(fn(ctx_));
   }
   std::shared_ptr<Op> op;
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    op = std::make_shared<Op>(++issued_, std::move(what), std::move(fn));
+    op = std::make_shared<Op>(this, ++issued_, std::move(what), std::move(fn));
     queue_.push_back(op);
+    wake = !running_;  // a runner drains what it finds; only an idle worker needs a nudge
   }
-  cv_.notify_one();
+  // The worker starts the collective if nobody Waits for it first, so that it
+  // progresses while the caller computes.
+  static const bool kNoNotify = std::getenv("X_NONOTIFY") != nullptr;
+  if (wake && !kNoNotify) cv_.notify_one();
   return CommHandle(op);
 }
 
-void MpiCommunicator::WorkerLoop() {
+bool MpiCommunicator::RunInline(const Op* target) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Not done and no runner: `target` is still queued (a runner gives up the role
+    // only after completing what it popped).
+    static std::atomic<int> yes{0}, no{0};
+    if (std::getenv("X_COUNT") && (yes + no) % 100 == 99) fprintf(stderr, "inline %d not %d\n", yes.load(), no.load());
+    if (running_ || target->done()) { ++no; return false; }
+    ++yes;
+    running_ = true;
+  }
+  RunQueued(target);
+  return true;
+}
+
+void MpiCommunicator::RunQueued(const Op* target) {
+  bool wake_worker = false;
+  bool reached = false;
   for (;;) {
     std::shared_ptr<Op> op;
     Status failed;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (queue_.empty() || reached) {
+        // Collectives issued meanwhile (after `target`) are the worker's to run; a
+        // stopping worker waits for the runner role to be free.
+        running_ = false;
+        wake_worker = !queue_.empty() || stop_;
+        break;
+      }
       op = std::move(queue_.front());
       queue_.pop_front();
       failed = failed_;
     }
-    if (!failed.ok()) {
-      op->Complete(AbortedError("collective #" + std::to_string(op->seq) + " " + op->what + " on communicator '" +
-                                options_.name + "' not run: the communicator failed earlier: " + failed.ToString()));
-      continue;
+    Execute(*op, failed);
+    reached = op.get() == target;
+  }
+  if (wake_worker) cv_.notify_one();
+}
+
+void MpiCommunicator::Execute(Op& op, const Status& failed) {
+  if (!failed.ok()) {
+    op.fn = nullptr;
+    op.Complete(AbortedError("collective #" + std::to_string(op.seq) + " " + op.what + " on communicator '" +
+                             options_.name + "' not run: the communicator failed earlier: " + failed.ToString()));
+    return;
+  }
+  board_.Enter(op.seq, op.what);
+  ctx_.tag = static_cast<int>(op.seq & 0x7fff);
+  ctx_.deadline_s = NowS() + options_.collective_timeout_s;
+  ctx_.on_deadline = [this, &op] { return Watchdog(op.seq, op.what); };
+  Status s = op.fn(ctx_);
+  ctx_.on_deadline = nullptr;
+  if (s.ok()) {
+    board_.Finish(op.seq);
+  } else if (s.code() != StatusCode::kInvalidArgument) {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_ = s;
+  }
+  op.fn = nullptr;
+  op.Complete(std::move(s));
+}
+
+void MpiCommunicator::WorkerLoop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return !running_ && (stop_ || !queue_.empty()); });
+      if (queue_.empty()) return;  // stopping, and nothing left to run
+      running_ = true;
     }
-    board_.Enter(op->seq, op->what);
-    ctx_.tag = static_cast<int>(op->seq & 0x7fff);
-    ctx_.deadline_s = NowS() + options_.collective_timeout_s;
-    ctx_.on_deadline = [this, &op] { return Watchdog(op->seq, op->what); };
-    Status s = op->fn(ctx_);
-    ctx_.on_deadline = nullptr;
-    if (s.ok()) {
-      board_.Finish(op->seq);
-    } else if (s.code() != StatusCode::kInvalidArgument) {
-      std::lock_guard<std::mutex> lock(mu_);
-      failed_ = s;
-    }
-    op->fn = nullptr;
-    op->Complete(std::move(s));
+    RunQueued(nullptr);
   }
 }
 

@@ -7,7 +7,8 @@
 // buffers (grad_host) on its way to a slot of its own store; the step reads it back with
 // the state into the same staging set. When the step is speculative the shard is used
 // from the pinned buffer before it goes to disk, so the disk copy is only read again
-// when that step is redone (clipping, overflow) or when overlap is off.
+// when that step is redone (clipping engaged) or when overlap is off; without clipping
+// no redo can happen and the final shard is not written at all.
 //
 // Accumulation over micro-batches reads the shard back, adds, and writes it again on
 // the comm worker, in micro-batch order; every micro-batch after the first costs one
@@ -72,19 +73,32 @@ Status Engine::Impl::AccumulateGradOnNvme(int chunk, const float* part, int micr
     grad_host.Give(buf);
     return st;
   }
+  const bool speculate = last_micro_batch && overlap && !o.grad_stats.has_inf_nan;
+  o.grad_on_disk = false;
+  if (speculate && config.gradient_clipping <= 0) {
+    // Without clipping a speculative step is never redone (an overflow elsewhere skips
+    // the whole step and restores the parameters), so nothing reads this shard again:
+    // it need not go to disk at all.
+    MaybeSpeculate(chunk, buf, [this, buf] {
+      grad_host.Give(buf);
+      return OkStatus();
+    });
+    return OkStatus();
+  }
   auto wr = grad_store->Write(o.grad_slot, buf, grad_slot_bytes);
   if (!wr.ok()) {
     grad_host.Give(buf);
     return wr.status().WithContext("writing the gradient shard of chunk " + std::to_string(chunk) + " to NVMe");
   }
   bytes_nvme_written += grad_slot_bytes;
+  o.grad_on_disk = true;
   IoHandle write = *wr;
   auto finish = [this, write, buf, chunk]() mutable {
     Status s = write.Wait();
     grad_host.Give(buf);
     return s.WithContext("writing the gradient shard of chunk " + std::to_string(chunk) + " to NVMe");
   };
-  if (last_micro_batch && overlap && !o.grad_stats.has_inf_nan) {
+  if (speculate) {
     // The speculative step reads the pinned copy while it is written, and hands the
     // buffer back once both are done.
     MaybeSpeculate(chunk, buf, finish);

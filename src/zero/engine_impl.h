@@ -87,6 +87,7 @@ struct Engine::Impl {
     float* grad = nullptr;      // gradient shard, accumulated over micro-batches (device/host)
     SlotId grad_slot = 0;       // ... or its slot in grad_store (nvme)
     GradStats grad_stats;       // nvme: the final shard's stats, taken before it is written
+    bool grad_on_disk = false;  // nvme: grad_slot holds this step's final shard
     // Speculative result waiting for Step(): a spare buffer (device/host tiers) or the
     // other slot (nvme), written by the optimizer worker.
     float* pending = nullptr;

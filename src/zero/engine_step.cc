@@ -170,6 +170,11 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
   OptChunk& o = opt[chunk];
   // Gradients on NVMe are read with the state unless the caller holds the shard.
   const bool read_grad = grad == nullptr && grad_tier == ZeroTier::kNvme;
+  if (read_grad && !o.grad_on_disk) {
+    return InternalError("engine: chunk " + std::to_string(chunk) +
+                         " must be stepped from its gradient on NVMe, which was not written (a speculative step "
+                         "was expected to use it)");
+  }
   int64_t t0 = NowNs();
   const auto wait_start = std::chrono::steady_clock::now();
   if (!nvme_reads.count(chunk)) STRATA_RETURN_IF_ERROR(IssueNvmeRead(chunk, read_grad));
