@@ -41,7 +41,7 @@ struct ZeroConfig {
   uint64_t reduce_bucket_size = 500'000'000;
   uint64_t allgather_bucket_size = 500'000'000;
   bool overlap_comm = true;
-  uint64_t stage3_prefetch_bucket_size = 0;   // 0: derived from measured bandwidths
+  uint64_t stage3_prefetch_bucket_size = 0;   // parameters; 0: up to 3 modules ahead, device budget allowing
   uint64_t stage3_max_live_parameters = 0;    // 0: bounded by the device budget only
   uint64_t stage3_max_reuse_distance = 1'000'000'000;
   uint64_t stage3_param_persistence_threshold = 0;

@@ -329,6 +329,10 @@ Status Engine::Impl::AllocateMemory() {
                        ? std::max<uint64_t>(config.zero.stage3_max_live_parameters / l.chunk_elems, max_module_chunks)
                        : n_chunks;
     extra = std::min<uint64_t>({extra, room / chunk16, cap - std::min<uint64_t>(cap, max_module_chunks)});
+    // DeepSpeed's stage3_prefetch_bucket_size counts parameters gathered ahead of need.
+    if (config.zero.stage3_prefetch_bucket_size) {
+      extra = std::min<uint64_t>(extra, config.zero.stage3_prefetch_bucket_size / l.chunk_elems);
+    }
     gather_buffers = static_cast<int>(max_module_chunks + extra);
     prefetch_modules = static_cast<int>(std::max<uint64_t>(1, extra / max_module_chunks));
     dev += extra * chunk16;

@@ -107,6 +107,22 @@ TEST(Engine, AutoMovesGradientsToNvmeWhenTheHostBudgetIsShort) {
   for (const auto& r : run.log.results) EXPECT_LE(r.host_high_water, budget);
 }
 
+// The gather window (how far ahead stage 3 prefetches) changes when parameters move,
+// never the arithmetic; DeepSpeed's bounds on it shrink the device memory it takes.
+TEST(Engine, GatherWindowBoundsAreHonouredAndChangeNoResult) {
+  zero::TrainSpec spec = SmallSpec(4);
+  spec.model.hidden.assign(8, 64);
+  const Combo c{3, "cpu", "nvme"};
+  EngineRun wide = RunEngine(World(), MakeConfig(c), spec);
+  EngineRun no_prefetch = RunEngine(World(), MakeConfig(c, R"({"zero_optimization": {"stage3_prefetch_bucket_size": 1}})"), spec);
+  EngineRun one_live = RunEngine(World(), MakeConfig(c, R"({"zero_optimization": {"stage3_max_live_parameters": 1}})"), spec);
+  for (const EngineRun* r : {&wide, &no_prefetch, &one_live}) ASSERT_TRUE(r->status.ok()) << r->status.ToString();
+  EXPECT_TRUE(BitIdentical(wide, no_prefetch));
+  EXPECT_TRUE(BitIdentical(wide, one_live));
+  EXPECT_LT(no_prefetch.device_high_water, wide.device_high_water);
+  EXPECT_LT(one_live.device_high_water, wide.device_high_water);
+}
+
 TEST(Engine, GradientsOnNvmeNeedTheOptimizerOnNvme) {
   EngineRun run = RunEngine(World(), MakeConfig({3, "cpu", "nvme", "nvme"}), SmallSpec(1));
   ASSERT_EQ(run.status.code(), StatusCode::kInvalidArgument) << run.status.ToString();
