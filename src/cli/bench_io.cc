@@ -130,8 +130,12 @@ class IoBench {
       STRATA_ASSIGN_OR_RETURN(int id, engine->RegisterFile(f, false));
       ids.push_back(id);
     }
-    IoBufferRegion region{arena_, uint64_t(qd) * bs};
-    Status reg = engine->RegisterBuffers({&region, 1});
+    std::vector<IoBufferRegion> regions{{arena_, uint64_t(qd) * bs}};
+    if (std::getenv("STRATA_PERSLOT")) {  // DIAG
+      regions.clear();
+      for (int s = 0; s < qd; ++s) regions.push_back({arena_ + uint64_t(s) * bs, bs});
+    }
+    Status reg = engine->RegisterBuffers(regions);
     if (!reg.ok()) std::cerr << "strata: warning: " << reg.ToString() << "\n";
 
     auto submit = [&](int slot, uint64_t k) -> Status {

@@ -49,8 +49,8 @@ Status DirectAllGatherV(MpiContext& ctx, void* buf, const std::vector<size_t>& o
       if (off >= len) continue;
       int n = static_cast<int>(std::min(kMaxMessageBytes, len - off));
       reqs.push_back(MPI_REQUEST_NULL);
-      STRATA_MPI_RETURN_IF_ERROR(MPI_Irecv(Bytes(buf) + offset[static_cast<size_t>(from)] * ds + off, n, MPI_BYTE,
-                                           from, ctx.tag, ctx.comm, &reqs.back()),
+      STRATA_MPI_RETURN_IF_ERROR(MPI_Irecv(Bytes(buf) + offset[static_cast<size_t>(from)] * ds + off, n,
+                                           MPI_BYTE, from, ctx.tag, ctx.comm, &reqs.back()),
                                  "all-gather: MPI_Irecv");
     }
     size_t n_recv = reqs.size();
@@ -74,13 +74,15 @@ Status DirectAllGatherV(MpiContext& ctx, void* buf, const std::vector<size_t>& o
 
 Status DirectAllGather(MpiContext& ctx, const void* send, void* recv, size_t count_per_rank, DType dtype) {
   if (count_per_rank == 0) return OkStatus();
-  std::vector<size_t> offset(static_cast<size_t>(ctx.size)), length(static_cast<size_t>(ctx.size), count_per_rank);
+  std::vector<size_t> offset(static_cast<size_t>(ctx.size)),
+      length(static_cast<size_t>(ctx.size), count_per_rank);
   for (size_t r = 0; r < offset.size(); ++r) offset[r] = r * count_per_rank;
   return DirectAllGatherV(ctx, recv, offset, length, dtype, send);
 }
 
-Status DirectReduceScatterV(MpiContext& ctx, const void* send, void* recv_block, const std::vector<size_t>& offset,
-                            const std::vector<size_t>& length, DType dtype, ReduceOp op) {
+Status DirectReduceScatterV(MpiContext& ctx, const void* send, void* recv_block,
+                            const std::vector<size_t>& offset, const std::vector<size_t>& length, DType dtype,
+                            ReduceOp op) {
   const size_t ds = DTypeSize(dtype);
   const int p = ctx.size;
   const size_t me = static_cast<size_t>(ctx.rank);
@@ -115,8 +117,9 @@ Status DirectReduceScatterV(MpiContext& ctx, const void* send, void* recv_block,
       for (int s = 1; s < p; ++s) {
         int from = (ctx.rank - s + p) % p;
         rq.push_back(MPI_REQUEST_NULL);
-        STRATA_MPI_RETURN_IF_ERROR(MPI_Irecv(peer_buf(k, from), n, MPI_BYTE, from, ctx.tag, ctx.comm, &rq.back()),
-                                   "reduce-scatter: MPI_Irecv");
+        STRATA_MPI_RETURN_IF_ERROR(
+            MPI_Irecv(peer_buf(k, from), n, MPI_BYTE, from, ctx.tag, ctx.comm, &rq.back()),
+            "reduce-scatter: MPI_Irecv");
       }
     }
     n_recv[k % 2] = rq.size();
@@ -126,8 +129,8 @@ Status DirectReduceScatterV(MpiContext& ctx, const void* send, void* recv_block,
       if (begin >= len) continue;
       int n = static_cast<int>(std::min(seg, len - begin) * ds);
       rq.push_back(MPI_REQUEST_NULL);
-      STRATA_MPI_RETURN_IF_ERROR(MPI_Isend(Bytes(send) + (offset[static_cast<size_t>(to)] + begin) * ds, n, MPI_BYTE,
-                                           to, ctx.tag, ctx.comm, &rq.back()),
+      STRATA_MPI_RETURN_IF_ERROR(MPI_Isend(Bytes(send) + (offset[static_cast<size_t>(to)] + begin) * ds, n,
+                                           MPI_BYTE, to, ctx.tag, ctx.comm, &rq.back()),
                                  "reduce-scatter: MPI_Isend");
     }
     return OkStatus();
@@ -152,7 +155,8 @@ Status DirectReduceScatterV(MpiContext& ctx, const void* send, void* recv_block,
     if (begin >= my_len) continue;
     size_t n = std::min(seg, my_len - begin);
     for (int r = 0; r < p; ++r) {
-      in[static_cast<size_t>(r)] = r == ctx.rank ? static_cast<const void*>(my_input + begin * ds) : peer_buf(k, r);
+      in[static_cast<size_t>(r)] =
+          r == ctx.rank ? static_cast<const void*>(my_input + begin * ds) : peer_buf(k, r);
     }
     ReduceInto(dtype, p, in.data(), Bytes(recv_block) + begin * ds, n, divisor);
   }

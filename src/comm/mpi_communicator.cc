@@ -13,6 +13,9 @@
 namespace strata::comm {
 namespace {
 
+// How long WaitAll polls MPI before it starts yielding the core between polls.
+constexpr double kSpinS = 200e-6;
+
 double NowS() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -38,6 +41,11 @@ void FreeAligned(std::byte* p) { std::free(p); }
 
 Status MpiContext::WaitAll(std::vector<MPI_Request>& reqs, size_t n_recv) {
   if (reqs.empty()) return OkStatus();
+  // Poll without yielding at first: a collective of a few MiB finishes within this
+  // window, and a sched_yield hands the core to any other runnable process for its
+  // whole slice (on a busy 2-core machine, 1 MiB all-gathers took 3x as long). Past
+  // it, yield between polls: ranks may outnumber cores (mpirun --oversubscribe).
+  const double spin_until = NowS() + kSpinS;
   int spins = 0;
   for (;;) {
     int done = 0;
@@ -46,12 +54,12 @@ Status MpiContext::WaitAll(std::vector<MPI_Request>& reqs, size_t n_recv) {
     if (done) return OkStatus();
     if (++spins < 64) continue;
     spins = 0;
-    if (NowS() > deadline_s) {
+    const double now = NowS();
+    if (now > deadline_s) {
       Abandon(reqs, n_recv);
       return on_deadline ? on_deadline() : DeadlineExceededError("collective timed out");
     }
-    static const bool kNoYield = std::getenv("X_NOYIELD") != nullptr;
-    if (!kNoYield) std::this_thread::yield();  // ranks may outnumber cores (mpirun --oversubscribe)
+    if (now > spin_until) std::this_thread::yield();
   }
 }
 
@@ -168,8 +176,7 @@ CommHandle MpiCommunicator::Submit(std::string what, std::function<Status(MpiCon
   }
   // The worker starts the collective if nobody Waits for it first, so that it
   // progresses while the caller computes.
-  static const bool kNoNotify = std::getenv("X_NONOTIFY") != nullptr;
-  if (wake && !kNoNotify) cv_.notify_one();
+  if (wake) cv_.notify_one();
   return CommHandle(op);
 }
 
@@ -178,10 +185,7 @@ bool MpiCommunicator::RunInline(const Op* target) {
     std::lock_guard<std::mutex> lock(mu_);
     // Not done and no runner: `target` is still queued (a runner gives up the role
     // only after completing what it popped).
-    static std::atomic<int> yes{0}, no{0};
-    if (std::getenv("X_COUNT") && (yes + no) % 100 == 99) fprintf(stderr, "inline %d not %d\n", yes.load(), no.load());
-    if (running_ || target->done()) { ++no; return false; }
-    ++yes;
+    if (running_ || target->done()) return false;
     running_ = true;
   }
   RunQueued(target);
@@ -217,7 +221,8 @@ void MpiCommunicator::Execute(Op& op, const Status& failed) {
   if (!failed.ok()) {
     op.fn = nullptr;
     op.Complete(AbortedError("collective #" + std::to_string(op.seq) + " " + op.what + " on communicator '" +
-                             options_.name + "' not run: the communicator failed earlier: " + failed.ToString()));
+                             options_.name +
+                             "' not run: the communicator failed earlier: " + failed.ToString()));
     return;
   }
   board_.Enter(op.seq, op.what);
@@ -250,10 +255,11 @@ void MpiCommunicator::WorkerLoop() {
 
 Status MpiCommunicator::Watchdog(uint64_t seq, const std::string& what) {
   std::ostringstream m;
-  m << "watchdog: collective #" << seq << " " << what << " on communicator '" << options_.name << "' (rank " << rank_
-    << " of " << size_ << ") has not finished after " << options_.collective_timeout_s
+  m << "watchdog: collective #" << seq << " " << what << " on communicator '" << options_.name << "' (rank "
+    << rank_ << " of " << size_ << ") has not finished after " << options_.collective_timeout_s
     << " s (strata.collective_timeout_s). What each rank last entered:" << board_.Report()
-    << "\nThis communicator is now failed: the collective's MPI receives were cancelled and its sends abandoned; "
+    << "\nThis communicator is now failed: the collective's MPI receives were cancelled and its sends "
+       "abandoned; "
        "end the job (a rank that never entered #"
     << seq << " is the one to look at).";
   STRATA_LOG(kError, "comm") << m.str();
@@ -300,26 +306,27 @@ CommHandle MpiCommunicator::AllReduce(const void* send, void* recv, size_t count
 
 CommHandle MpiCommunicator::Broadcast(void* buf, size_t count, DType dtype, int root) {
   if (root < 0 || root >= size_) {
-    return CommHandle::Done(InvalidArgumentError("Broadcast: root " + std::to_string(root) + " is not a rank of '" +
-                                                 options_.name + "' (size " + std::to_string(size_) + ")"));
+    return CommHandle::Done(InvalidArgumentError("Broadcast: root " + std::to_string(root) +
+                                                 " is not a rank of '" + options_.name + "' (size " +
+                                                 std::to_string(size_) + ")"));
   }
   Status s = CheckBuffers(buf, buf, count, "Broadcast");
   if (!s.ok()) return CommHandle::Done(s);
-  return Submit(Describe("Broadcast", dtype, count) + " root " + std::to_string(root),
-                [=](MpiContext& ctx) -> Status {
-                  if (ctx.size == 1) return OkStatus();
-                  const size_t bytes = count * DTypeSize(dtype);
-                  constexpr size_t kMax = size_t{1} << 30;
-                  std::vector<MPI_Request> reqs;
-                  for (size_t off = 0; off < bytes; off += kMax) {
-                    reqs.push_back(MPI_REQUEST_NULL);
-                    STRATA_MPI_RETURN_IF_ERROR(
-                        MPI_Ibcast(static_cast<std::byte*>(buf) + off, static_cast<int>(std::min(kMax, bytes - off)),
-                                   MPI_BYTE, root, ctx.comm, &reqs.back()),
-                        "MPI_Ibcast");
-                  }
-                  return ctx.WaitAll(reqs, 0);
-                });
+  return Submit(
+      Describe("Broadcast", dtype, count) + " root " + std::to_string(root), [=](MpiContext& ctx) -> Status {
+        if (ctx.size == 1) return OkStatus();
+        const size_t bytes = count * DTypeSize(dtype);
+        constexpr size_t kMax = size_t{1} << 30;
+        std::vector<MPI_Request> reqs;
+        for (size_t off = 0; off < bytes; off += kMax) {
+          reqs.push_back(MPI_REQUEST_NULL);
+          STRATA_MPI_RETURN_IF_ERROR(
+              MPI_Ibcast(static_cast<std::byte*>(buf) + off, static_cast<int>(std::min(kMax, bytes - off)),
+                         MPI_BYTE, root, ctx.comm, &reqs.back()),
+              "MPI_Ibcast");
+        }
+        return ctx.WaitAll(reqs, 0);
+      });
 }
 
 CommHandle MpiCommunicator::Barrier() {
@@ -349,7 +356,8 @@ Result<std::unique_ptr<Communicator>> MpiCommunicator::Split(int colour, int key
 
 Result<void*> MpiCommunicator::AllocateBuffer(size_t bytes) {
   void* p = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
-  if (p == nullptr) return ResourceExhaustedError("communicator buffer of " + FormatBytes(bytes) + ": out of memory");
+  if (p == nullptr)
+    return ResourceExhaustedError("communicator buffer of " + FormatBytes(bytes) + ": out of memory");
   return p;
 }
 

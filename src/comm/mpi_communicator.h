@@ -57,8 +57,9 @@ Status DirectAllGather(MpiContext& ctx, const void* send, void* recv, size_t cou
 // sent from there and copied into `buf` while the transfers run.
 Status DirectAllGatherV(MpiContext& ctx, void* buf, const std::vector<size_t>& offset,
                         const std::vector<size_t>& length, DType dtype, const void* own_src = nullptr);
-Status DirectReduceScatterV(MpiContext& ctx, const void* send, void* recv_block, const std::vector<size_t>& offset,
-                            const std::vector<size_t>& length, DType dtype, ReduceOp op);
+Status DirectReduceScatterV(MpiContext& ctx, const void* send, void* recv_block,
+                            const std::vector<size_t>& offset, const std::vector<size_t>& length, DType dtype,
+                            ReduceOp op);
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -73,7 +74,8 @@ class MpiCommunicator final : public Communicator {
   const std::string& name() const override { return options_.name; }
 
   CommHandle AllGather(const void* send, void* recv, size_t count_per_rank, DType dtype) override;
-  CommHandle ReduceScatter(const void* send, void* recv, size_t count_per_rank, DType dtype, ReduceOp op) override;
+  CommHandle ReduceScatter(const void* send, void* recv, size_t count_per_rank, DType dtype,
+                           ReduceOp op) override;
   CommHandle AllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override;
   CommHandle Broadcast(void* buf, size_t count, DType dtype, int root) override;
   CommHandle Barrier() override;
@@ -81,7 +83,9 @@ class MpiCommunicator final : public Communicator {
 
   // Runs `fn` in collective order (usually on the calling thread) and waits for it:
   // the way other backends (NCCL bootstrap) make MPI calls on this communicator.
-  Status RunInOrder(std::string what, std::function<Status(MpiContext&)> fn) { return Submit(std::move(what), std::move(fn)).Wait(); }
+  Status RunInOrder(std::string what, std::function<Status(MpiContext&)> fn) {
+    return Submit(std::move(what), std::move(fn)).Wait();
+  }
 
   Result<void*> AllocateBuffer(size_t bytes) override;
   void FreeBuffer(void* p) override;
