@@ -29,6 +29,50 @@ struct FioJob {
   int qd = 0;
 };
 
+// How the IoEngine of a pass is configured.
+struct PassConfig {
+  std::string backend = "auto";  // auto | io_uring | psync
+  int threads = 1;
+  bool sqpoll = false;
+  bool huge_pages = true;  // buffers on transparent huge pages, as the host arena maps them
+};
+
+// The test files and the buffers of `strata bench io` (src/cli/bench_io_pass.cc).
+class IoBench {
+ public:
+  IoBench(const PassConfig& config, std::vector<std::string> files, uint64_t per_file, uint64_t buffer_bytes)
+      : config_(config), files_(std::move(files)), per_file_(per_file), buffer_bytes_(buffer_bytes) {}
+  ~IoBench();
+  IoBench(const IoBench&) = delete;
+  IoBench& operator=(const IoBench&) = delete;
+
+  // Maps the buffers, creates and fills the files, and flushes them.
+  Status Setup();
+  // Re-creates the files' extents as fresh fallocated (unwritten) space.
+  Status Refresh();
+  // fsync of every file, so data written by one pass is not written back during the next.
+  Status Sync();
+  // One sequential or random pass over the files, qd requests of bs in flight.
+  Result<Figures> Pass(Mode mode, uint64_t bs, int qd, bool checksum, std::string* backend);
+  // Whether the kernel took MADV_HUGEPAGE for the buffers.
+  bool huge_pages() const { return huge_pages_; }
+
+ private:
+  Status Allocate(const std::string& path, bool fresh);
+
+  PassConfig config_;
+  std::vector<std::string> files_;
+  uint64_t per_file_;
+  uint64_t buffer_bytes_;
+  char* buffer_ = nullptr;  // the mapping
+  uint64_t mapped_ = 0;
+  char* data_ = nullptr;  // its 2 MiB aligned part
+  bool huge_pages_ = false;
+};
+
+// The run with the median bandwidth among those that ran (else the first's error).
+Figures Median(std::vector<Figures> runs);
+
 // "" when fio is not on PATH, else its version line.
 std::string FioVersion();
 // Runs fio with ioengine=io_uring, fixedbufs, registerfiles, direct=1 over the files.

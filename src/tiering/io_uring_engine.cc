@@ -1,11 +1,12 @@
-// The io_uring backend (the only file that includes liburing.h). One ring per I/O
+// The io_uring backend (with io_uring_probe.cc, the only files that include liburing.h). One ring per I/O
 // thread; the thread owns its ring: it moves queued pieces into SQEs (at most
 // queue_depth in flight), submits them with one io_uring_submit_and_wait per loop, and
 // checks every CQE. Submitters wake it through an eventfd that the ring itself reads.
+// Completion callbacks run after the reaped batch's refills are submitted, so a slow
+// callback (checksumming) does not leave the device without work.
 #include <liburing.h>
 #include <sys/eventfd.h>
 #include <sys/uio.h>
-#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -149,7 +150,8 @@ class UringEngine final : public IoEngine {
     for (const IoBufferRegion& reg : regions) {
       // The kernel limits one registered buffer to 1 GiB.
       for (uint64_t off = 0; off < reg.size; off += (1ull << 30)) {
-        v.push_back(iovec{static_cast<char*>(reg.base) + off, std::min<uint64_t>(1ull << 30, reg.size - off)});
+        v.push_back(
+            iovec{static_cast<char*>(reg.base) + off, std::min<uint64_t>(1ull << 30, reg.size - off)});
       }
     }
     std::sort(v.begin(), v.end(), [](const iovec& a, const iovec& b) { return a.iov_base < b.iov_base; });
@@ -229,28 +231,63 @@ class UringEngine final : public IoEngine {
     const int fd = fixed_files_ ? p.file : files_.fd(p.file);
     const int bidx = FindBuffer(buf, len);
     if (p.op == IoOp::kRead) {
-      if (bidx >= 0) io_uring_prep_read_fixed(sqe, fd, buf, len, off, bidx);
-      else io_uring_prep_read(sqe, fd, buf, len, off);
+      if (bidx >= 0)
+        io_uring_prep_read_fixed(sqe, fd, buf, len, off, bidx);
+      else
+        io_uring_prep_read(sqe, fd, buf, len, off);
     } else {
-      if (bidx >= 0) io_uring_prep_write_fixed(sqe, fd, buf, len, off, bidx);
-      else io_uring_prep_write(sqe, fd, buf, len, off);
+      if (bidx >= 0)
+        io_uring_prep_write_fixed(sqe, fd, buf, len, off, bidx);
+      else
+        io_uring_prep_write(sqe, fd, buf, len, off);
     }
     if (fixed_files_) sqe->flags |= IOSQE_FIXED_FILE;
     if (bidx >= 0) counters_.fixed_pieces.fetch_add(1, std::memory_order_relaxed);
     io_uring_sqe_set_data64(sqe, slot);
   }
 
+  // Moves submitted pieces into the ring's pending queue; returns whether stop was asked.
+  static bool TakeIncoming(Ring& r) {
+    std::lock_guard<std::mutex> lock(r.mu);
+    while (!r.incoming.empty()) {
+      r.pending.push_back(r.incoming.front());
+      r.incoming.pop_front();
+    }
+    return r.stop;
+  }
+
+  // Fills free slots with pending pieces; returns how many SQEs were prepared.
+  unsigned PrepPending(Ring& r) {
+    unsigned prepared = 0;
+    while (!r.free_slots.empty() && !r.pending.empty()) {
+      io_uring_sqe* sqe = io_uring_get_sqe(&r.ring);
+      if (sqe == nullptr) break;
+      uint32_t slot = r.free_slots.back();
+      r.free_slots.pop_back();
+      r.slots[slot] = r.pending.front();
+      r.pending.pop_front();
+      Prep(sqe, r.slots[slot], slot);
+      ++prepared;
+    }
+    if (prepared) {
+      counters_.submits.fetch_add(1, std::memory_order_relaxed);
+      counters_.pieces.fetch_add(prepared, std::memory_order_relaxed);
+    }
+    return prepared;
+  }
+
+  // Submits prepared SQEs, waiting for `wait` completions. EINTR, EAGAIN and EBUSY leave
+  // the SQEs queued for the next call; anything else is a broken ring.
+  static void Enter(Ring& r, unsigned wait) {
+    int ret = io_uring_submit_and_wait(&r.ring, wait);
+    STRATA_CHECK_MSG(ret >= 0 || ret == -EINTR || ret == -EAGAIN || ret == -EBUSY,
+                     "io_uring_submit_and_wait failed: errno " + std::to_string(-ret));
+  }
+
   void Run(Ring& r) {
+    std::vector<std::pair<IoPiece, Status>> finished;
     for (;;) {
-      bool stopping;
-      {
-        std::lock_guard<std::mutex> lock(r.mu);
-        while (!r.incoming.empty()) {
-          r.pending.push_back(r.incoming.front());
-          r.incoming.pop_front();
-        }
-        stopping = r.stop;
-      }
+      const bool stopping = TakeIncoming(r);
       if (!r.wake_armed) {
         io_uring_sqe* sqe = io_uring_get_sqe(&r.ring);
         STRATA_CHECK(sqe != nullptr);  // the ring has 8 spare entries beyond queue_depth
@@ -258,39 +295,33 @@ class UringEngine final : public IoEngine {
         io_uring_sqe_set_data64(sqe, kWakeTag);
         r.wake_armed = true;
       }
-      unsigned prepared = 0;
-      while (!r.free_slots.empty() && !r.pending.empty()) {
-        io_uring_sqe* sqe = io_uring_get_sqe(&r.ring);
-        if (sqe == nullptr) break;
-        uint32_t slot = r.free_slots.back();
-        r.free_slots.pop_back();
-        r.slots[slot] = r.pending.front();
-        r.pending.pop_front();
-        Prep(sqe, r.slots[slot], slot);
-        ++prepared;
-      }
+      PrepPending(r);
       const bool idle = r.free_slots.size() == r.slots.size() && r.pending.empty();
       if (stopping && idle) return;  // incoming was drained above, after stop was seen
-      if (prepared) {
-        counters_.submits.fetch_add(1, std::memory_order_relaxed);
-        counters_.pieces.fetch_add(prepared, std::memory_order_relaxed);
-      }
-      int ret = io_uring_submit_and_wait(&r.ring, 1);
-      if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
-        STRATA_CHECK_MSG(false, "io_uring_submit_and_wait failed: errno " + std::to_string(-ret));
-      }
+      Enter(r, 1);
       unsigned head;
       unsigned seen = 0;
       io_uring_cqe* cqe;
       io_uring_for_each_cqe(&r.ring, head, cqe) {
         ++seen;
-        HandleCqe(r, io_uring_cqe_get_data64(cqe), cqe->res);
+        HandleCqe(r, io_uring_cqe_get_data64(cqe), cqe->res, finished);
       }
       io_uring_cq_advance(&r.ring, seen);
+      // Retries and queued pieces go to the device before the callbacks run: a callback
+      // may be slow (NvmeStore hashes the data), and the device should not idle meanwhile.
+      if (!finished.empty() && PrepPending(r)) Enter(r, 0);
+      for (auto& [piece, status] : finished) {
+        CompletePiece(piece, status);
+        // Requests the callback's owner submitted in response (a refill) start now, not
+        // after the rest of the batch's callbacks.
+        TakeIncoming(r);
+        if (PrepPending(r)) Enter(r, 0);
+      }
+      finished.clear();
     }
   }
 
-  void HandleCqe(Ring& r, uint64_t tag, int res) {
+  void HandleCqe(Ring& r, uint64_t tag, int res, std::vector<std::pair<IoPiece, Status>>& finished) {
     if (tag == kWakeTag) {
       r.wake_armed = false;
       return;
@@ -311,7 +342,7 @@ class UringEngine final : public IoEngine {
       return;
     }
     outstanding_.fetch_sub(1, std::memory_order_relaxed);
-    CompletePiece(piece, out.step == PieceStep::kDone ? OkStatus() : out.status);
+    finished.emplace_back(piece, out.step == PieceStep::kDone ? OkStatus() : out.status);
   }
 
   std::vector<std::unique_ptr<Ring>> rings_;
@@ -332,59 +363,3 @@ Result<std::unique_ptr<IoEngine>> CreateUringEngine(const IoEngineOptions& optio
 }
 
 }  // namespace strata::detail
-
-namespace strata {
-
-IoUringProbe ProbeIoUring() {
-  IoUringProbe probe;
-  utsname u{};
-  if (uname(&u) == 0) probe.kernel = u.release;
-  io_uring ring{};
-  io_uring_params p{};
-  int ret = io_uring_queue_init_params(4, &ring, &p);
-  if (ret < 0) {
-    probe.reason = ErrnoError(-ret, "io_uring_setup").message();
-    if (ret == -EPERM) probe.reason += " (seccomp, or sysctl kernel.io_uring_disabled)";
-    return probe;
-  }
-  io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-  io_uring_prep_nop(sqe);
-  io_uring_cqe* cqe = nullptr;
-  ret = io_uring_submit_and_wait(&ring, 1);
-  if (ret >= 0) ret = io_uring_wait_cqe(&ring, &cqe);
-  if (ret < 0 || cqe == nullptr || cqe->res < 0) {
-    probe.reason = ErrnoError(ret < 0 ? -ret : (cqe ? -cqe->res : EIO), "io_uring no-op").message();
-    io_uring_queue_exit(&ring);
-    return probe;
-  }
-  io_uring_cqe_seen(&ring, cqe);
-  probe.usable = true;
-  const std::pair<unsigned, const char*> feats[] = {
-      {IORING_FEAT_NODROP, "nodrop"},          {IORING_FEAT_SUBMIT_STABLE, "submit-stable"},
-      {IORING_FEAT_FAST_POLL, "fast-poll"},    {IORING_FEAT_SQPOLL_NONFIXED, "sqpoll-nonfixed"},
-      {IORING_FEAT_EXT_ARG, "ext-arg"},        {IORING_FEAT_NATIVE_WORKERS, "native-workers"},
-      {IORING_FEAT_RSRC_TAGS, "rsrc-tags"},
-  };
-  for (auto& [bit, name] : feats) {
-    if (p.features & bit) probe.features.emplace_back(name);
-  }
-  if (io_uring_register_files_sparse(&ring, 4) == 0) probe.features.emplace_back("registered-files");
-  alignas(4096) static thread_local char page[4096];
-  iovec iov{page, sizeof(page)};
-  if (io_uring_register_buffers(&ring, &iov, 1) == 0) {
-    probe.features.emplace_back("fixed-buffers");
-    io_uring_unregister_buffers(&ring);
-  }
-  io_uring_queue_exit(&ring);
-  io_uring_params sp{};
-  sp.flags = IORING_SETUP_SQPOLL;
-  sp.sq_thread_idle = 10;
-  if (io_uring_queue_init_params(4, &ring, &sp) == 0) {
-    probe.sqpoll = true;
-    probe.features.emplace_back("sqpoll");
-    io_uring_queue_exit(&ring);
-  }
-  return probe;
-}
-
-}  // namespace strata
