@@ -115,6 +115,12 @@ Engine::~Engine() {
   s.comm_worker.Drain();
   s.fetch_worker.Drain();
   s.opt_worker.Drain();
+  // Reads ahead and writes behind may still target pinned buffers (training stopped
+  // between steps, or a step failed): they finish before the stores and the arena go.
+  if (s.opt_store) {
+    s.DropNvmeReads().IgnoreError();
+    s.WaitNvmeWrites().IgnoreError();
+  }
   if (s.device) {
     s.device->SynchronizeAll().IgnoreError();  // errors were reported by the calls that queued the work
     for (void* p : s.device_allocs) s.device->Free(p);

@@ -123,6 +123,24 @@ TEST(Engine, GatherWindowBoundsAreHonouredAndChangeNoResult) {
   EXPECT_LT(one_live.device_high_water, wide.device_high_water);
 }
 
+// Training may stop between hooks: reads already issued (the optimizer-state read-ahead
+// starts with the first forward) must finish before their buffers go. Under ASan a read
+// landing in freed memory fails this test.
+TEST(Engine, DestroyedMidStepWaitsForItsReads) {
+  zero::TrainSpec spec = SmallSpec(1);
+  DeviceOptions dopt;
+  dopt.kind = DeviceKind::kSim;
+  auto dev = CreateDevice(dopt);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  auto init = [&](int m, int t, int64_t b, int64_t n, float* out) { model::InitTensorSlice(spec.model, m, t, b, n, out); };
+  auto engine = Engine::Create(MakeConfig({3, "nvme", "nvme", "nvme"}), model::MlpModules(spec.model), init,
+                               EngineResources{&World(), dev->get()});
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  ASSERT_TRUE((*engine)->BeforeForward(0).ok());
+  ASSERT_TRUE((*engine)->AfterForward(0).ok());
+  engine->reset();
+}
+
 TEST(Engine, GradientsOnNvmeNeedTheOptimizerOnNvme) {
   EngineRun run = RunEngine(World(), MakeConfig({3, "cpu", "nvme", "nvme"}), SmallSpec(1));
   ASSERT_EQ(run.status.code(), StatusCode::kInvalidArgument) << run.status.ToString();
