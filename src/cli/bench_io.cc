@@ -114,7 +114,26 @@ void RunBenchIo(const BenchIoOptions& o) {
     ThrowIfError(UnavailableError("--vs-fio: fio is not installed (apt install fio)"));
   const bool with_fio = !fio_version.empty();
 
-  benchio::PassConfig pass{o.backend, o.threads, o.sqpoll, !o.small_pages};
+  // fio and strata must read into the same kind of memory: a 1 MiB request over huge
+  // pages is one segment for the disk, over scattered 4 KiB pages hundreds (a virtio disk
+  // without indirect descriptors then holds one request at a time). fio can use huge
+  // pages only from a hugetlbfs mount; without one, strata's buffers go on 4 KiB pages too.
+  std::string fio_huge;
+  bool small_pages = o.small_pages;
+  if (with_fio && !small_pages) {
+    fio_huge = benchio::HugetlbfsWithRoom(uint64_t(max_qd) * max_bs + (2u << 20));
+    if (fio_huge.empty()) {
+      small_pages = true;
+      std::fprintf(stderr,
+                   "bench io: no hugetlbfs mount with %s of free huge pages for fio, so strata's buffers are on "
+                   "4 KiB pages too (like for like). To compare on huge pages (the host arena's): "
+                   "mount -t hugetlbfs none /dev/hugepages; echo %llu > /proc/sys/vm/nr_hugepages; or run "
+                   "--no-fio for strata alone on huge pages.\n",
+                   FormatBytes(uint64_t(max_qd) * max_bs).c_str(),
+                   static_cast<unsigned long long>((uint64_t(max_qd) * max_bs >> 21) + 2));
+    }
+  }
+  benchio::PassConfig pass{o.backend, o.threads, o.sqpoll, !small_pages};
   IoBench bench(pass, files, per_file, uint64_t(max_qd) * max_bs);
   auto cleanup = [&] {
     if (!o.keep) {
@@ -155,7 +174,7 @@ void RunBenchIo(const BenchIoOptions& o) {
         Result<Figures> f =
             !st.ok()    ? Result<Figures>(st)
             : r < group ? bench.Pass(head.mode, head.bs, head.qd, points[i + r].checksum, &backend)
-                        : Result<Figures>(benchio::RunFio({files, per_file, head.mode, head.bs, head.qd}));
+                        : Result<Figures>(benchio::RunFio({files, per_file, head.mode, head.bs, head.qd, fio_huge}));
         if (f.ok() && benchio::IsWrite(head.mode)) st = bench.Sync();
         if (!f.ok() || !st.ok()) {
           cleanup();
@@ -185,6 +204,7 @@ void RunBenchIo(const BenchIoOptions& o) {
     out["bytes_per_file"] = per_file;
     out["prepare"] = o.prepare;
     out["huge_pages"] = bench.huge_pages();
+    out["fio_huge_pages"] = !fio_huge.empty();
     out["repeat"] = o.repeat;
     out["fio"] = fio_version;
     for (const auto& p : points) {
@@ -216,7 +236,9 @@ void RunBenchIo(const BenchIoOptions& o) {
             << (bench.huge_pages() ? "2 MiB huge pages" : "4 KiB pages") << ", median of " << o.repeat
             << " interleaved runs"
             << "; reference: "
-            << (with_fio ? fio_version + " (io_uring, fixedbufs, registerfiles)" : "none (fio not installed)")
+            << (with_fio ? fio_version + " (io_uring, fixedbufs, registerfiles, buffers on " +
+                               (fio_huge.empty() ? "4 KiB pages)" : "huge pages from " + fio_huge + ")")
+                         : "none (fio not installed)")
             << "\n\n";
   Table t({"mode", "bs", "qd", "GB/s", "p50 us", "p99 us", "cpu %", "fio GB/s", "x fio", "fio p50", "fio p99",
            "fio cpu %"});

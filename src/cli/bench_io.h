@@ -27,6 +27,7 @@ struct FioJob {
   Mode mode = Mode::kSeqRead;
   uint64_t bs = 0;
   int qd = 0;
+  std::string hugetlbfs;           // a hugetlbfs mount for fio's buffers; "" = malloc (4 KiB pages)
 };
 
 // How the IoEngine of a pass is configured.
@@ -77,5 +78,8 @@ Figures Median(std::vector<Figures> runs);
 std::string FioVersion();
 // Runs fio with ioengine=io_uring, fixedbufs, registerfiles, direct=1 over the files.
 Figures RunFio(const FioJob& job);
+// A mounted hugetlbfs with at least `bytes` of free huge pages (fio's buffers can only
+// be on huge pages that way), or "" when there is none.
+std::string HugetlbfsWithRoom(uint64_t bytes);
 
 }  // namespace strata::cli::benchio

@@ -1,9 +1,13 @@
 // fio as the reference for `strata bench io`: same files, block size, queue depth and
 // O_DIRECT, with io_uring, fixed buffers and registered files (fio's fastest setup).
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -59,6 +63,28 @@ std::string FioVersion() {
   return v;
 }
 
+std::string HugetlbfsWithRoom(uint64_t bytes) {
+  std::ifstream meminfo("/proc/meminfo");
+  uint64_t free_pages = 0, page_kib = 0;
+  for (std::string line; std::getline(meminfo, line);) {
+    std::istringstream in(line);
+    std::string key;
+    uint64_t value = 0;
+    in >> key >> value;
+    if (key == "HugePages_Free:") free_pages = value;
+    if (key == "Hugepagesize:") page_kib = value;
+  }
+  if (free_pages * page_kib * 1024 < bytes) return "";
+  std::ifstream mounts("/proc/mounts");
+  for (std::string line; std::getline(mounts, line);) {
+    std::istringstream in(line);
+    std::string dev, dir, type;
+    in >> dev >> dir >> type;
+    if (type == "hugetlbfs" && ::access(dir.c_str(), W_OK) == 0) return dir;
+  }
+  return "";
+}
+
 Figures RunFio(const FioJob& job) {
   Figures f;
   std::string files;
@@ -73,10 +99,20 @@ Figures RunFio(const FioJob& job) {
                     "--registerfiles=1 --direct=1 --lat_percentiles=1 --thread=1 --numjobs=1 --allow_file_create=0 --rw=" +
                     std::string(FioRw(job.mode)) + " --bs=" + std::to_string(job.bs) +
                     " --iodepth=" + std::to_string(job.qd) +
-                    " --size=" + std::to_string(job.size * job.files.size()) + " --filename='" + files +
-                    "' 2>&1";
+                    " --size=" + std::to_string(job.size * job.files.size()) + " --filename='" + files + "'";
+  std::string huge_file;
+  if (!job.hugetlbfs.empty()) {
+    // fio maps its buffers from a file on hugetlbfs; the file goes with the run.
+    huge_file = job.hugetlbfs + "/strata-fio-" + std::to_string(::getpid());
+    cmd += " --mem=mmaphuge:'" + huge_file + "'";
+  }
+  cmd += " 2>&1";
   int rc = 0;
   std::string out = Capture(cmd, &rc);
+  if (!huge_file.empty()) {
+    std::error_code ec;
+    std::filesystem::remove(huge_file, ec);
+  }
   size_t brace = out.find('{');
   if (rc != 0 || brace == std::string::npos) {
     f.error = "fio failed (exit " + std::to_string(rc) + "): " + out.substr(0, 300);
