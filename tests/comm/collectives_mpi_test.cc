@@ -2,7 +2,9 @@
 // and on sub-communicators, under mpirun -np 2 and -np 4.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "comm_test_util.h"
 #include "strata/comm.h"
@@ -26,12 +28,15 @@ Communicator& World() {
 }
 
 std::string What(std::string_view op, DType d, size_t n, bool in_place) {
-  return std::string(op) + " " + std::string(DTypeName(d)) + " n=" + std::to_string(n) + (in_place ? " in place" : "");
+  return std::string(op) + " " + std::string(DTypeName(d)) + " n=" + std::to_string(n) +
+         (in_place ? " in place" : "");
 }
 
 // Sizes per rank: 0, 1, uneven, several MiB (per dtype, about 3 MiB of payload).
 // The largest: about 3 MiB in the full (size x count) buffer, not a multiple of 64.
-std::vector<size_t> Counts(DType d, int p) { return {0, 1, 37, 1001, (size_t{3} << 20) / DTypeSize(d) / p + 5}; }
+std::vector<size_t> Counts(DType d, int p) {
+  return {0, 1, 37, 1001, (size_t{3} << 20) / DTypeSize(d) / p + 5};
+}
 
 const DType kDTypes[] = {DType::kF32, DType::kBf16, DType::kFp16};
 
@@ -73,7 +78,8 @@ TEST(Collectives, ReduceScatter) {
           std::vector<uint8_t> send = input;
           std::vector<uint8_t> recv(n * ds, 0xEE);
           void* out = in_place ? send.data() + n * ds * c.rank() : recv.data();
-          ASSERT_TRUE(c.ReduceScatter(send.data(), out, n, d, op).Wait().ok()) << What("ReduceScatter", d, n, in_place);
+          ASSERT_TRUE(c.ReduceScatter(send.data(), out, n, d, op).Wait().ok())
+              << What("ReduceScatter", d, n, in_place);
           const uint8_t* got = static_cast<const uint8_t*>(out);
           ASSERT_TRUE(std::equal(got, got + n * ds, full.begin() + static_cast<long>(n * ds * c.rank())))
               << What("ReduceScatter", d, n, in_place) << " " << ReduceOpName(op);
@@ -89,17 +95,19 @@ TEST(Collectives, AllReduce) {
   for (DType d : kDTypes) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
       // 1 and 3 give ranks with empty blocks; 1000003 is not a multiple of any size.
-      for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{100003}, (size_t{3} << 20) / DTypeSize(d) + 1}) {
+      for (size_t n :
+           {size_t{0}, size_t{1}, size_t{3}, size_t{100003}, (size_t{3} << 20) / DTypeSize(d) + 1}) {
         const std::vector<uint8_t> want = Reduced(d, p, n, 37, op);
         const std::vector<uint8_t> input = Input(d, c.rank(), n, 37);
         for (bool in_place : {false, true}) {
           std::vector<uint8_t> send = input;
           std::vector<uint8_t> recv(n * DTypeSize(d), 0xEE);
           void* out = in_place ? send.data() : recv.data();
-          ASSERT_TRUE(c.AllReduce(send.data(), out, n, d, op).Wait().ok()) << What("AllReduce", d, n, in_place);
+          ASSERT_TRUE(c.AllReduce(send.data(), out, n, d, op).Wait().ok())
+              << What("AllReduce", d, n, in_place);
           const uint8_t* got = static_cast<const uint8_t*>(out);
-          ASSERT_TRUE(std::equal(want.begin(), want.end(), got)) << What("AllReduce", d, n, in_place) << " "
-                                                                 << ReduceOpName(op);
+          ASSERT_TRUE(std::equal(want.begin(), want.end(), got))
+              << What("AllReduce", d, n, in_place) << " " << ReduceOpName(op);
         }
       }
     }
@@ -132,11 +140,28 @@ TEST(Collectives, ManyInFlightCompleteInOrder) {
   }
   handles.push_back(c.Barrier());
   for (auto& h : handles) ASSERT_TRUE(h.Wait().ok());
-  for (int k = 0; k < kOps; ++k) EXPECT_EQ(bufs[k], Reduced(DType::kF32, p, 1000 + k, 100 + k, ReduceOp::kSum));
+  for (int k = 0; k < kOps; ++k)
+    EXPECT_EQ(bufs[k], Reduced(DType::kF32, p, 1000 + k, 100 + k, ReduceOp::kSum));
   // Test() on a finished handle says done, repeatedly.
   auto t = handles.back().Test();
   ASSERT_TRUE(t.ok());
   EXPECT_TRUE(*t);
+}
+
+// After synchronous use (Wait right after issue) Submit leaves the worker asleep; a
+// caller that then only polls Test() must still see its collectives finish.
+TEST(Collectives, PollingWithTestFinishesAfterSynchronousUse) {
+  Communicator& c = World();
+  for (int k = 0; k < 3; ++k) ASSERT_TRUE(c.Barrier().Wait().ok());
+  std::vector<uint8_t> buf = Input(DType::kF32, c.rank(), 4096, 7);
+  CommHandle h = c.AllReduce(buf.data(), buf.data(), 4096, DType::kF32, ReduceOp::kSum);
+  for (;;) {
+    Result<bool> done = h.Test();
+    ASSERT_TRUE(done.ok()) << done.status().ToString();
+    if (*done) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  EXPECT_EQ(buf, Reduced(DType::kF32, c.size(), 4096, 7, ReduceOp::kSum));
 }
 
 TEST(Collectives, ArgumentErrorsAreStatuses) {
