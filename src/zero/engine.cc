@@ -285,6 +285,9 @@ Status Engine::Impl::AllocateMemory() {
   auto fragmentation = [&](uint64_t bytes) {
     return (bytes / GiB + 1) * std::max(staging_set_bytes, Align4K(chunk16));
   };
+  const bool publish_from_set = opt_tier == ZeroTier::kNvme && stage == 3 && param_tier == ZeroTier::kNvme;
+  const uint64_t out16_bytes = publish_from_set ? Align4K(opt_elems * csize) : 0;
+  host += out16_bytes;  // the first staging set's share; the rest go with the sets below
   if (opt_tier == ZeroTier::kNvme) {
     // Gradient shards wait for the step in pinned memory if the budget holds them
     // (no extra I/O), else on NVMe beside the state: two pinned shards in flight, and
@@ -299,6 +302,10 @@ Status Engine::Impl::AllocateMemory() {
     } else {
       host = on_host;
     }
+  }
+  if (publish_from_set) {
+    out16_offset_bytes = staging_set_bytes;
+    staging_set_bytes += out16_bytes;
   }
   if (host > 0) host += fragmentation(host);
   if (host > host_budget) {

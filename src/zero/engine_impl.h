@@ -125,7 +125,13 @@ struct Engine::Impl {
     bool has_grad = false;
   };
   std::map<int, NvmeRead> nvme_reads;                   // read ahead, by chunk
-  std::deque<std::pair<IoHandle, float*>> nvme_writes;  // written behind, oldest first
+  struct NvmeWrite {
+    IoHandle state;             // master | m | v to the chunk's other slot
+    IoHandle param;             // the new 16-bit shard (when published from the set)
+    bool has_param = false;
+    float* buf = nullptr;       // the staging set both came from
+  };
+  std::deque<NvmeWrite> nvme_writes;  // written behind, oldest first
   float* TakeOptStaging();
   // with_grad: also read the gradient shard (grad_tier nvme) behind the state.
   Status IssueNvmeRead(int chunk, bool with_grad);
@@ -135,6 +141,9 @@ struct Engine::Impl {
   uint64_t opt_set_bytes = 0;     // master | m | v, one NVMe slot
   uint64_t grad_slot_bytes = 0;   // one gradient shard, 4 KiB aligned
   uint64_t staging_set_bytes = 0; // an opt_staging buffer: the set, plus the gradient on nvme
+  // Parameters on NVMe too: the step writes the new 16-bit shard at this offset of its
+  // staging set and writes it behind with the state (0: through param_staging).
+  uint64_t out16_offset_bytes = 0;
   int opt_staging_count = 0;
 
   // Stage 3 gathered chunks on the device.

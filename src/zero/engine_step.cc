@@ -104,11 +104,12 @@ float* Engine::Impl::TakeOptStaging() {
   if (!nvme_writes.empty()) {
     // Reuse the buffer of the oldest write once it is on disk; its Status is checked
     // by WaitNvmeWrites, which keeps failed ones.
-    auto [h, buf] = nvme_writes.front();
-    Status st = h.Wait();
+    NvmeWrite w = nvme_writes.front();
+    Status st = w.state.Wait();
+    if (st.ok() && w.has_param) st = w.param.Wait();
     if (st.ok()) {
       nvme_writes.pop_front();
-      return buf;
+      return w.buf;
     }
   }
   return static_cast<float*>(opt_staging.Take());
@@ -141,11 +142,15 @@ Status Engine::Impl::IssueNvmeRead(int chunk, bool with_grad) {
 Status Engine::Impl::WaitNvmeWrites() {
   Status first;
   while (!nvme_writes.empty()) {
-    auto [h, buf] = nvme_writes.front();
+    NvmeWrite w = nvme_writes.front();
     nvme_writes.pop_front();
-    Status st = h.Wait();
-    opt_staging.Give(buf);
+    Status st = w.state.Wait();
     if (first.ok() && !st.ok()) first = st.WithContext("writing optimizer state to NVMe");
+    if (w.has_param) {
+      st = w.param.Wait();
+      if (first.ok() && !st.ok()) first = st.WithContext("writing parameters to NVMe");
+    }
+    opt_staging.Give(w.buf);
   }
   return first;
 }
@@ -210,6 +215,7 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
   } step_span{this, std::string(speculative ? "step (speculative) chunk " : "step chunk ") + std::to_string(chunk),
               wait_start};
   if (s.ok()) bytes_nvme_read += opt_set_bytes;
+  NvmeWrite write;
   // Read the next chunks while this one steps, as staging sets are free.
   if (s.ok() && overlap && next_chunk >= 0 && speculative) {
     s = ReadAheadDescending(next_chunk);
@@ -222,15 +228,29 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
   if (s.ok()) {
     AdamParams p = adam;
     p.grad_scale = grad_scale;
-    bool on_host;
-    void* out = Out16Target(chunk, &on_host);
+    bool on_host = true;
+    void* out = out16_offset_bytes ? reinterpret_cast<uint8_t*>(st) + out16_offset_bytes : Out16Target(chunk, &on_host);
     t0 = NowNs();
     s = RunAdam(p, st, opt_elems, grad, compute, out, speculative ? &speculation_arena : nullptr);
     opt_busy_ns += NowNs() - t0;
-    if (s.ok()) s = PublishParams(chunk, out, on_host);
-    if (on_host) param_staging.Give(out);
+    if (out16_offset_bytes == 0) {
+      if (s.ok()) s = PublishParams(chunk, out, on_host);
+      if (on_host) param_staging.Give(out);
+    } else if (s.ok()) {
+      // Written behind with the state: waiting here stalled the pipeline behind the
+      // reads queued ahead of it.
+      auto pw = param_store->Write(param_shard[chunk].slot, out, opt_elems * csize);
+      if (pw.ok()) {
+        write.param = *pw;
+        write.has_param = true;
+        bytes_nvme_written += opt_elems * csize;
+      } else {
+        s = pw.status();
+      }
+    }
   }
   if (!s.ok()) {
+    if (write.has_param) (void)write.param.Wait();  // the buffer must be quiet before reuse
     opt_staging.Give(st);
     return s.WithContext("NVMe optimizer step of chunk " + std::to_string(chunk));
   }
@@ -238,11 +258,14 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
   // the write completes (TakeOptStaging / WaitNvmeWrites). Without overlap, wait now.
   auto wr = opt_store->Write(o.slot[1 - o.current], st, opt_set_bytes);
   if (!wr.ok()) {
+    if (write.has_param) (void)write.param.Wait();
     opt_staging.Give(st);
     return wr.status().WithContext("NVMe optimizer step of chunk " + std::to_string(chunk));
   }
   bytes_nvme_written += opt_set_bytes;
-  nvme_writes.emplace_back(*wr, st);
+  write.state = *wr;
+  write.buf = st;
+  nvme_writes.push_back(write);
   if (!overlap) STRATA_RETURN_IF_ERROR(WaitNvmeWrites());
   if (speculative) {
     o.has_pending = true;
