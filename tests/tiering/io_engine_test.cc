@@ -189,6 +189,28 @@ TEST_P(IoEngineTest, RegisteredBuffersAreUsed) {
   EXPECT_FALSE(e.Read(f, 0, 4096, copy.get()).ok());
 }
 
+// Large pieces go to the kernel one per io_uring_enter, so no block plug merges them into
+// fewer, larger requests (fewer in flight at the disk); small pieces stay batched.
+TEST_P(IoEngineTest, LargePiecesAreSubmittedOnePerEnterSmallOnesBatched) {
+  if (GetParam() != IoBackendKind::kIoUring) GTEST_SKIP() << "io_uring submission batching";
+  const uint64_t n = 8 << 20;
+  auto buf = Alloc(n);
+  Fill(buf.get(), n, 5);
+  {
+    IoEngine& e = Make(1 << 20, 8);
+    int f = Open("large");
+    ASSERT_TRUE(e.Write(f, 0, n, buf.get())->Wait().ok());
+    ASSERT_TRUE(e.Read(f, 0, n, buf.get())->Wait().ok());
+    EXPECT_EQ(e.stats().pieces, 16u);
+    EXPECT_EQ(e.stats().submits, e.stats().pieces);
+  }
+  IoEngine& e = Make(64 * KiB(), 16);
+  int f = Open("small");
+  ASSERT_TRUE(e.Write(f, 0, 1 << 20, buf.get())->Wait().ok());
+  EXPECT_EQ(e.stats().pieces, 16u);
+  EXPECT_LT(e.stats().submits, e.stats().pieces);
+}
+
 TEST_P(IoEngineTest, EmptyHandleWaitFails) {
   IoHandle h;
   EXPECT_FALSE(h.valid());
