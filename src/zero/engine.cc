@@ -283,7 +283,13 @@ Status Engine::Impl::AllocateMemory() {
   // The arena never splits a block across its 1 GiB segments (io_uring registers each
   // segment as one buffer), so each segment boundary may strand up to one block.
   auto fragmentation = [&](uint64_t bytes) {
-    return (bytes / GiB + 1) * std::max(staging_set_bytes, Align4K(chunk16));
+    const uint64_t block = std::max(staging_set_bytes, Align4K(chunk16));
+    const uint64_t segment = arena != nullptr ? arena->segment_bytes() : HostArenaOptions{}.segment_bytes;
+    // A block can be stranded only in front of a segment boundary of an arena of our own
+    // (it starts empty); a shared arena may already be cut up, so allow one block more.
+    uint64_t boundaries = bytes / segment + (arena != nullptr ? 1 : 0);
+    if ((bytes + boundaries * block) / segment > bytes / segment) ++boundaries;
+    return boundaries * block;
   };
   const bool publish_from_set = opt_tier == ZeroTier::kNvme && stage == 3 && param_tier == ZeroTier::kNvme;
   const uint64_t out16_bytes = publish_from_set ? Align4K(opt_elems * csize) : 0;

@@ -1,5 +1,6 @@
 #include "zero/step_bench.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -111,7 +112,10 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
   if (o.measure_rates) {
     const int64_t opt_params = main.layout.num_chunks * (c.zero.stage == 0 ? main.layout.chunk_elems
                                                                            : main.layout.shard_elems);
-    STRATA_ASSIGN_OR_RETURN(LaneRates rates, MeasureLaneRates(nvme_dir, opt_params));
+    // The disk's rate over as many bytes as a step moves each way (within 256 MiB-2 GiB).
+    const uint64_t step_io = std::max(main.last.bytes_nvme_read, main.last.bytes_nvme_written);
+    const uint64_t probe = std::clamp<uint64_t>(step_io, 256ull << 20, 2ull << 30);
+    STRATA_ASSIGN_OR_RETURN(LaneRates rates, MeasureLaneRates(nvme_dir, opt_params, probe));
     LaneWork w;
     w.compute_s = main.timing.compute_s();
     w.adam_params = static_cast<double>(opt_params);
@@ -124,6 +128,7 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
                   {"copy_bytes_per_s", rates.copy_bytes_per_s},
                   {"nvme_read_bytes_per_s", rates.nvme_read_bytes_per_s},
                   {"nvme_write_bytes_per_s", rates.nvme_write_bytes_per_s},
+                  {"nvme_probe_bytes", probe},
                   {"nvme_backend", rates.nvme_backend}};
     j["model_time"] = ToJson(model);
     j["overlap_efficiency"] = model.bound_s / main.step_s;

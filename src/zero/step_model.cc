@@ -50,8 +50,9 @@ double MeasureCopy() {
   return bytes / best;
 }
 
-Status MeasureNvme(const std::string& dir, LaneRates* rates) {
-  const uint64_t file_bytes = 256ull << 20, block = 1 << 20;
+Status MeasureNvme(const std::string& dir, uint64_t probe_bytes, LaneRates* rates) {
+  const uint64_t block = 1 << 20;
+  const uint64_t file_bytes = std::max<uint64_t>(probe_bytes / block, 64) * block;
   const int depth = 32;
   IoEngineOptions o;
   o.block_size = block;
@@ -94,11 +95,11 @@ Status MeasureNvme(const std::string& dir, LaneRates* rates) {
 
 }  // namespace
 
-Result<LaneRates> MeasureLaneRates(const std::string& nvme_dir, int64_t adam_params) {
+Result<LaneRates> MeasureLaneRates(const std::string& nvme_dir, int64_t adam_params, uint64_t nvme_probe_bytes) {
   LaneRates r;
   STRATA_ASSIGN_OR_RETURN(r.adam_params_per_s, MeasureAdam(std::max<int64_t>(adam_params, 1 << 20)));
   r.copy_bytes_per_s = MeasureCopy();
-  if (!nvme_dir.empty()) STRATA_RETURN_IF_ERROR(MeasureNvme(nvme_dir, &r));
+  if (!nvme_dir.empty()) STRATA_RETURN_IF_ERROR(MeasureNvme(nvme_dir, nvme_probe_bytes, &r));
   return r;
 }
 

@@ -27,9 +27,12 @@ struct LaneRates {
 };
 
 // Measures the rates: Adam over `adam_params` parameters, memcpy over 64 MiB, and when
-// nvme_dir is not empty, O_DIRECT reads and writes of a 256 MiB file there with the
-// I/O engine (1 MiB blocks, queue depth 32). Takes a few seconds.
-Result<LaneRates> MeasureLaneRates(const std::string& nvme_dir, int64_t adam_params);
+// nvme_dir is not empty, O_DIRECT reads and writes of a file of nvme_probe_bytes there
+// (at least 64 MiB) with the I/O engine (1 MiB blocks, queue depth 32, buffers on huge
+// pages as the engine's). A probe as large as a step's traffic measures the rate the
+// disk sustains over a step, not a burst its write cache absorbs. Takes a few seconds.
+Result<LaneRates> MeasureLaneRates(const std::string& nvme_dir, int64_t adam_params,
+                                   uint64_t nvme_probe_bytes = 256ull << 20);
 
 struct LaneWork {
   double compute_s = 0;  // measured: the model's passes without the hooks' waits
