@@ -80,6 +80,39 @@ Status DirectAllGather(MpiContext& ctx, const void* send, void* recv, size_t cou
   return DirectAllGatherV(ctx, recv, offset, length, dtype, send);
 }
 
+Status DirectBroadcast(MpiContext& ctx, void* buf, size_t bytes, int root) {
+  const int p = ctx.size;
+  if (p == 1 || bytes == 0) return OkStatus();
+  // Ranks relative to the root; a rank receives from the one whose relative rank
+  // differs in its lowest set bit, then forwards to those below that bit.
+  const int vr = (ctx.rank - root + p) % p;
+  int mask = 1;
+  while (mask < p && (vr & mask) == 0) mask <<= 1;
+  std::vector<MPI_Request> reqs;
+  if (vr != 0) {
+    const int from = (vr - mask + root) % p;
+    for (size_t off = 0; off < bytes; off += kMaxMessageBytes) {
+      reqs.push_back(MPI_REQUEST_NULL);
+      STRATA_MPI_RETURN_IF_ERROR(MPI_Irecv(Bytes(buf) + off, static_cast<int>(std::min(kMaxMessageBytes, bytes - off)),
+                                           MPI_BYTE, from, ctx.tag, ctx.comm, &reqs.back()),
+                                 "broadcast: MPI_Irecv");
+    }
+    STRATA_RETURN_IF_ERROR(ctx.WaitAll(reqs, reqs.size()));  // forwarded only once here
+    reqs.clear();
+  }
+  for (mask >>= 1; mask > 0; mask >>= 1) {
+    if (vr + mask >= p) continue;
+    const int to = (vr + mask + root) % p;
+    for (size_t off = 0; off < bytes; off += kMaxMessageBytes) {
+      reqs.push_back(MPI_REQUEST_NULL);
+      STRATA_MPI_RETURN_IF_ERROR(MPI_Isend(Bytes(buf) + off, static_cast<int>(std::min(kMaxMessageBytes, bytes - off)),
+                                           MPI_BYTE, to, ctx.tag, ctx.comm, &reqs.back()),
+                                 "broadcast: MPI_Isend");
+    }
+  }
+  return ctx.WaitAll(reqs, 0);
+}
+
 Status DirectReduceScatterV(MpiContext& ctx, const void* send, void* recv_block,
                             const std::vector<size_t>& offset, const std::vector<size_t>& length, DType dtype,
                             ReduceOp op) {

@@ -350,18 +350,7 @@ CommHandle MpiCommunicator::Broadcast(void* buf, size_t count, DType dtype, int 
   if (!s.ok()) return CommHandle::Done(s);
   return Submit(
       Describe("Broadcast", dtype, count) + " root " + std::to_string(root), [=](MpiContext& ctx) -> Status {
-        if (ctx.size == 1) return OkStatus();
-        const size_t bytes = count * DTypeSize(dtype);
-        constexpr size_t kMax = size_t{1} << 30;
-        std::vector<MPI_Request> reqs;
-        for (size_t off = 0; off < bytes; off += kMax) {
-          reqs.push_back(MPI_REQUEST_NULL);
-          STRATA_MPI_RETURN_IF_ERROR(
-              MPI_Ibcast(static_cast<std::byte*>(buf) + off, static_cast<int>(std::min(kMax, bytes - off)),
-                         MPI_BYTE, root, ctx.comm, &reqs.back()),
-              "MPI_Ibcast");
-        }
-        return ctx.WaitAll(reqs, 0);
+        return DirectBroadcast(ctx, buf, count * DTypeSize(dtype), root);
       });
 }
 

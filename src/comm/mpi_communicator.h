@@ -60,6 +60,9 @@ Status DirectAllGather(MpiContext& ctx, const void* send, void* recv, size_t cou
 // sent from there and copied into `buf` while the transfers run.
 Status DirectAllGatherV(MpiContext& ctx, void* buf, const std::vector<size_t>& offset,
                         const std::vector<size_t>& length, DType dtype, const void* own_src = nullptr);
+// Binomial tree from `root` over point-to-point messages (MPI_Ibcast's nonblocking
+// algorithm was 0.79-0.86x of MPI_Bcast at 1 MiB over 2 ranks).
+Status DirectBroadcast(MpiContext& ctx, void* buf, size_t bytes, int root);
 Status DirectReduceScatterV(MpiContext& ctx, const void* send, void* recv_block,
                             const std::vector<size_t>& offset, const std::vector<size_t>& length, DType dtype,
                             ReduceOp op);
