@@ -96,8 +96,9 @@ struct StrataConfig {
   bool checksum = true;
   bool overlap = true;
   // Where the fp32 gradient shards wait for the step when the optimizer state is on
-  // NVMe: "auto" (pinned host memory if the host budget holds them, else NVMe), "host",
-  // "nvme". Other offload settings keep them beside the optimizer state.
+  // NVMe: "host", "nvme", or "auto" (NVMe when overlap is on and clipping off, since
+  // they never reach the disk then; else pinned host memory if the host budget holds
+  // them; else NVMe). Other offload settings keep them beside the optimizer state.
   std::string gradients = "auto";
   double collective_timeout_s = 300;
 };

@@ -300,7 +300,13 @@ Status Engine::Impl::AllocateMemory() {
     // each staging set grows by one shard, which the step reads with the state.
     const uint64_t on_host = host + n_chunks * grad_slot_bytes;
     const std::string& want = config.strata.gradients;
-    if (want == "nvme" || (want == "auto" && on_host + fragmentation(on_host) > host_budget)) {
+    // With overlap on and clipping off no step is ever redone, so a shard on the NVMe
+    // path never touches the disk (engine_grads.cc): auto takes it then even when the
+    // budget would hold the shards, and the freed memory deepens the staging pipeline
+    // (100M-parameter stage-3 step at 1200 MiB: 1.70 s against 1.82 s in memory).
+    const bool free_on_nvme = overlap && config.gradient_clipping <= 0;
+    if (want == "nvme" ||
+        (want == "auto" && (free_on_nvme || on_host + fragmentation(on_host) > host_budget))) {
       grad_tier = ZeroTier::kNvme;
       staging_set_bytes = opt_set_bytes + grad_slot_bytes;
       host += grad_slot_bytes + 2 * grad_slot_bytes;

@@ -35,9 +35,10 @@ inline std::vector<Combo> AllCombos() {
   for (const char* o : {"none", "cpu", "nvme"}) {
     for (const char* p : {"none", "cpu", "nvme"}) c.push_back({3, o, p});
   }
-  // The small test model fits the host budget, so "auto" keeps gradients in memory;
-  // the NVMe gradient path is forced here.
+  // "auto" puts the gradients of an overlapped, unclipped run on NVMe; both paths are
+  // forced here so that each is checked in every setting.
   for (const char* p : {"none", "cpu", "nvme"}) c.push_back({3, "nvme", p, "nvme"});
+  for (const char* p : {"none", "cpu", "nvme"}) c.push_back({3, "nvme", p, "host"});
   return c;
 }
 

@@ -96,9 +96,17 @@ TEST(Engine, AutoMovesGradientsToNvmeWhenTheHostBudgetIsShort) {
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_TRUE(plan->gradients_on_nvme);
   EXPECT_LE(plan->host_need, budget);
-  auto roomy = PlanOnly(MakeConfig({3, "nvme", "nvme"}), spec);
+  // With room: in memory when clipping could make a step be redone from them (the NVMe
+  // path would write them), on NVMe when nothing can (it writes nothing then).
+  auto roomy = PlanOnly(MakeConfig({3, "nvme", "nvme"}, R"({"gradient_clipping": 1.0})"), spec);
   ASSERT_TRUE(roomy.ok()) << roomy.status().ToString();
-  EXPECT_FALSE(roomy->gradients_on_nvme) << "with room, gradients stay in memory (no extra I/O)";
+  EXPECT_FALSE(roomy->gradients_on_nvme) << "with room and clipping, gradients stay in memory";
+  auto unclipped = PlanOnly(MakeConfig({3, "nvme", "nvme"}), spec);
+  ASSERT_TRUE(unclipped.ok()) << unclipped.status().ToString();
+  EXPECT_TRUE(unclipped->gradients_on_nvme) << "without clipping the NVMe path writes nothing";
+  auto serial = PlanOnly(MakeConfig({3, "nvme", "nvme"}, R"({"strata": {"overlap": false}})"), spec);
+  ASSERT_TRUE(serial.ok()) << serial.status().ToString();
+  EXPECT_FALSE(serial->gradients_on_nvme) << "a serial step would read them back";
 
   auto ref = zero::TrainReference(MakeConfig({0, "none", "none"}), spec, World().size());
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
