@@ -123,6 +123,15 @@ struct Engine::Impl {
     IoHandle handle;
     IoHandle grad_handle;       // grad_tier nvme: the shard into buf + opt_set_bytes
     bool has_grad = false;
+    // Both reads done (the buffer is free to reuse after this); the first error.
+    Status Wait() {
+      Status s = handle.Wait();
+      if (has_grad) {
+        Status g = grad_handle.Wait();
+        if (s.ok()) s = g;
+      }
+      return s;
+    }
   };
   std::map<int, NvmeRead> nvme_reads;                   // read ahead, by chunk
   struct NvmeWrite {
@@ -130,9 +139,21 @@ struct Engine::Impl {
     IoHandle param;             // the new 16-bit shard (when published from the set)
     bool has_param = false;
     float* buf = nullptr;       // the staging set both came from
+    // Both writes done (the buffer is free to reuse after this); the first error.
+    Status Wait() {
+      Status s = state.Wait();
+      if (!s.ok()) return s.WithContext("writing optimizer state to NVMe");
+      if (has_param) return param.Wait().WithContext("writing parameters to NVMe");
+      return s;
+    }
   };
   std::deque<NvmeWrite> nvme_writes;  // written behind, oldest first
   float* TakeOptStaging();
+  // Where a staging set holds the chunk's gradient shard (grad_tier nvme), and its read.
+  float* GradIn(float* set) const { return set + opt_set_bytes / 4; }
+  Result<IoHandle> ReadGrad(int chunk, float* set) {
+    return grad_store->Read(opt[chunk].grad_slot, GradIn(set), grad_slot_bytes);
+  }
   // with_grad: also read the gradient shard (grad_tier nvme) behind the state.
   Status IssueNvmeRead(int chunk, bool with_grad);
   Status WaitNvmeWrites();
@@ -217,6 +238,10 @@ struct Engine::Impl {
   Status ReadAheadDescending(int from);
 
   // --- engine_hooks.cc ---
+  Status CheckModule(int module) const;  // InvalidArgument naming the index and the count
+  // Stage 3: gathers the module's chunks (waiting for them) and starts the prefetch after
+  // trace position `pos`. Other stages: nothing to do.
+  Status EnterModule(int module, int pos);
   Status ReduceChunk(int chunk, float* grad, int micro_batch_index, bool last_micro_batch);
   Status WaitReduces();
 

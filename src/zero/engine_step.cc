@@ -104,12 +104,11 @@ float* Engine::Impl::TakeOptStaging() {
   if (!nvme_writes.empty()) {
     // Reuse the buffer of the oldest write once it is on disk; its Status is checked
     // by WaitNvmeWrites, which keeps failed ones.
-    NvmeWrite w = nvme_writes.front();
-    Status st = w.state.Wait();
-    if (st.ok() && w.has_param) st = w.param.Wait();
-    if (st.ok()) {
+    NvmeWrite& w = nvme_writes.front();
+    if (w.Wait().ok()) {
+      float* buf = w.buf;
       nvme_writes.pop_front();
-      return w.buf;
+      return buf;
     }
   }
   return static_cast<float*>(opt_staging.Take());
@@ -126,7 +125,7 @@ Status Engine::Impl::IssueNvmeRead(int chunk, bool with_grad) {
   r.buf = buf;
   r.handle = *rd;
   if (with_grad) {
-    auto grd = grad_store->Read(opt[chunk].grad_slot, buf + opt_set_bytes / 4, grad_slot_bytes);
+    auto grd = ReadGrad(chunk, buf);
     if (!grd.ok()) {
       (void)r.handle.Wait();  // the buffer is free only once the state read is done
       opt_staging.Give(buf);
@@ -144,12 +143,8 @@ Status Engine::Impl::WaitNvmeWrites() {
   while (!nvme_writes.empty()) {
     NvmeWrite w = nvme_writes.front();
     nvme_writes.pop_front();
-    Status st = w.state.Wait();
-    if (first.ok() && !st.ok()) first = st.WithContext("writing optimizer state to NVMe");
-    if (w.has_param) {
-      st = w.param.Wait();
-      if (first.ok() && !st.ok()) first = st.WithContext("writing parameters to NVMe");
-    }
+    Status st = w.Wait();
+    if (first.ok() && !st.ok()) first = st;
     opt_staging.Give(w.buf);
   }
   return first;
@@ -158,11 +153,7 @@ Status Engine::Impl::WaitNvmeWrites() {
 Status Engine::Impl::DropNvmeReads() {
   Status first;
   for (auto& [chunk, r] : nvme_reads) {
-    Status st = r.handle.Wait();  // the buffer is the engine's again only once the read is done
-    if (r.has_grad) {
-      Status g = r.grad_handle.Wait();
-      if (st.ok()) st = g;
-    }
+    Status st = r.Wait();  // the buffer is the engine's again only once the reads are done
     opt_staging.Give(r.buf);
     if (first.ok() && !st.ok()) first = st;
   }
@@ -186,22 +177,16 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
   NvmeRead r = nvme_reads[chunk];
   nvme_reads.erase(chunk);
   float* st = r.buf;
-  Status s = r.handle.Wait();
+  Status s = r.Wait();
   if (read_grad) {
-    // A read ahead issued during backward could not take the gradient (not final then).
     if (!r.has_grad) {
-      auto grd = grad_store->Read(o.grad_slot, st + opt_set_bytes / 4, grad_slot_bytes);
-      if (grd.ok()) r.grad_handle = *grd;
-      Status g = grd.ok() ? r.grad_handle.Wait() : grd.status();
-      if (s.ok()) s = g;
-    } else {
-      Status g = r.grad_handle.Wait();
+      // A read ahead issued during backward could not take the gradient (not final then).
+      auto grd = ReadGrad(chunk, st);
+      Status g = grd.ok() ? grd->Wait() : grd.status();
       if (s.ok()) s = g;
     }
     if (s.ok()) bytes_nvme_read += grad_slot_bytes;
-    grad = st + opt_set_bytes / 4;
-  } else if (r.has_grad) {
-    (void)r.grad_handle.Wait();  // not needed after all; the buffer must be quiet before reuse
+    grad = GradIn(st);
   }
   if (grad == nullptr) grad = o.grad;
   io_busy_ns += NowNs() - t0;
