@@ -26,16 +26,24 @@ Status Engine::BeginMicroBatch() {
   return OkStatus();
 }
 
+Status Engine::Impl::CheckModule(int module) const {
+  if (module >= 0 && module < static_cast<int>(modules.size())) return OkStatus();
+  return InvalidArgumentError("engine: module index " + std::to_string(module) + " out of range: the model registered " +
+                              std::to_string(modules.size()) + " modules");
+}
+
+Status Engine::Impl::EnterModule(int module, int pos) {
+  if (stage != 3) return OkStatus();
+  for (int c : layout.module_chunks[module]) STRATA_RETURN_IF_ERROR(EnsureGathered(c));
+  Prefetch(pos);
+  return OkStatus();
+}
+
 Result<model::ModuleParams> Engine::BeforeForward(int module) {
   Impl& s = *impl_;
-  if (module < 0 || module >= static_cast<int>(s.modules.size())) {
-    return InvalidArgumentError("engine: module index " + std::to_string(module) + " out of range");
-  }
+  STRATA_RETURN_IF_ERROR(s.CheckModule(module));
   if (!s.in_micro_batch) STRATA_RETURN_IF_ERROR(BeginMicroBatch());
-  if (s.stage == 3) {
-    for (int c : s.layout.module_chunks[module]) STRATA_RETURN_IF_ERROR(s.EnsureGathered(c));
-    s.Prefetch(s.ForwardPos(module));
-  }
+  STRATA_RETURN_IF_ERROR(s.EnterModule(module, s.ForwardPos(module)));
   if (module == 0 && s.LastMicroBatch()) s.ReadStatesAhead();
   model::ModuleParams p;
   p.dtype = s.compute;
@@ -48,6 +56,7 @@ Result<model::ModuleParams> Engine::BeforeForward(int module) {
 
 Status Engine::AfterForward(int module) {
   Impl& s = *impl_;
+  STRATA_RETURN_IF_ERROR(s.CheckModule(module));
   s.Span(s.track_compute, "forward " + s.modules[module].name, s.module_start);
   if (s.stage == 3) s.ReleaseGathered(module, s.ForwardPos(module));
   return OkStatus();
@@ -55,13 +64,8 @@ Status Engine::AfterForward(int module) {
 
 Result<model::ModuleBackward> Engine::BeforeBackward(int module) {
   Impl& s = *impl_;
-  if (module < 0 || module >= static_cast<int>(s.modules.size())) {
-    return InvalidArgumentError("engine: module index " + std::to_string(module) + " out of range");
-  }
-  if (s.stage == 3) {
-    for (int c : s.layout.module_chunks[module]) STRATA_RETURN_IF_ERROR(s.EnsureGathered(c));
-    s.Prefetch(s.BackwardPos(module));
-  }
+  STRATA_RETURN_IF_ERROR(s.CheckModule(module));
+  STRATA_RETURN_IF_ERROR(s.EnterModule(module, s.BackwardPos(module)));
   model::ModuleBackward b;
   b.params.dtype = s.compute;
   b.grads.accumulate = false;
@@ -83,6 +87,7 @@ Result<model::ModuleBackward> Engine::BeforeBackward(int module) {
 
 Status Engine::AfterBackward(int module) {
   Impl& s = *impl_;
+  STRATA_RETURN_IF_ERROR(s.CheckModule(module));
   s.Span(s.track_compute, "backward " + s.modules[module].name, s.module_start);
   if (s.stage == 3) s.ReleaseGathered(module, s.BackwardPos(module));
   for (int c : s.layout.module_chunks[module]) {

@@ -149,6 +149,26 @@ TEST(Engine, DestroyedMidStepWaitsForItsReads) {
   engine->reset();
 }
 
+TEST(Engine, HookWithABadModuleIndexIsRefusedByName) {
+  zero::TrainSpec spec = SmallSpec(1);
+  DeviceOptions dopt;
+  dopt.kind = DeviceKind::kSim;
+  auto dev = CreateDevice(dopt);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  auto init = [&](int m, int t, int64_t b, int64_t n, float* out) { model::InitTensorSlice(spec.model, m, t, b, n, out); };
+  const auto modules = model::MlpModules(spec.model);
+  auto engine = Engine::Create(MakeConfig({3, "cpu", "cpu"}), modules, init, EngineResources{&World(), dev->get()});
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  const int n = static_cast<int>(modules.size());
+  std::vector<Status> refused = {e.BeforeForward(-1).status(), e.BeforeForward(n).status(), e.AfterForward(n),
+                                 e.BeforeBackward(n).status(), e.AfterBackward(-1)};
+  for (const Status& st : refused) {
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_NE(st.message().find("out of range"), std::string::npos) << st.message();
+  }
+}
+
 TEST(Engine, GradientsOnNvmeNeedTheOptimizerOnNvme) {
   EngineRun run = RunEngine(World(), MakeConfig({3, "cpu", "nvme", "nvme"}), SmallSpec(1));
   ASSERT_EQ(run.status.code(), StatusCode::kInvalidArgument) << run.status.ToString();
