@@ -12,6 +12,7 @@
 #include <string>
 
 #include "cli/bench_io.h"
+#include "strata/topology.h"
 
 namespace strata::cli::benchio {
 
@@ -64,17 +65,8 @@ std::string FioVersion() {
 }
 
 std::string HugetlbfsWithRoom(uint64_t bytes) {
-  std::ifstream meminfo("/proc/meminfo");
-  uint64_t free_pages = 0, page_kib = 0;
-  for (std::string line; std::getline(meminfo, line);) {
-    std::istringstream in(line);
-    std::string key;
-    uint64_t value = 0;
-    in >> key >> value;
-    if (key == "HugePages_Free:") free_pages = value;
-    if (key == "Hugepagesize:") page_kib = value;
-  }
-  if (free_pages * page_kib * 1024 < bytes) return "";
+  const HugePages huge = QueryHugePages();
+  if (huge.free * huge.default_size_bytes < bytes) return "";
   std::ifstream mounts("/proc/mounts");
   for (std::string line; std::getline(mounts, line);) {
     std::istringstream in(line);
