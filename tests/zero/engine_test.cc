@@ -66,15 +66,27 @@ TEST(Engine, HostBudgetTooSmallIsRefusedAtStart) {
   EXPECT_NE(run.status.message().find("host"), std::string::npos) << run.status.message();
 }
 
-// Creates an engine without training it: its memory plan, or the refusal.
-Result<EngineLayoutInfo> PlanOnly(const Config& config, const zero::TrainSpec& spec) {
+// An engine on a sim device of its own, for tests that drive the hooks or read the plan.
+// The engine is declared last so that it goes before its device.
+struct TestEngine {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Engine> engine;
+};
+Result<TestEngine> MakeEngine(const Config& config, const zero::TrainSpec& spec) {
   DeviceOptions dopt;
   dopt.kind = DeviceKind::kSim;
-  STRATA_ASSIGN_OR_RETURN(auto dev, CreateDevice(dopt));
-  auto init = [&](int m, int t, int64_t b, int64_t n, float* out) { model::InitTensorSlice(spec.model, m, t, b, n, out); };
-  STRATA_ASSIGN_OR_RETURN(auto engine,
-                          Engine::Create(config, model::MlpModules(spec.model), init, EngineResources{&World(), dev.get()}));
-  return engine->layout_info();
+  TestEngine t;
+  STRATA_ASSIGN_OR_RETURN(t.device, CreateDevice(dopt));
+  auto init = [&](int m, int k, int64_t b, int64_t n, float* out) { model::InitTensorSlice(spec.model, m, k, b, n, out); };
+  STRATA_ASSIGN_OR_RETURN(
+      t.engine, Engine::Create(config, model::MlpModules(spec.model), init, EngineResources{&World(), t.device.get()}));
+  return t;
+}
+
+// Creates an engine without training it: its memory plan, or the refusal.
+Result<EngineLayoutInfo> PlanOnly(const Config& config, const zero::TrainSpec& spec) {
+  STRATA_ASSIGN_OR_RETURN(TestEngine t, MakeEngine(config, spec));
+  return t.engine->layout_info();
 }
 
 // strata.gradients "auto": a host budget that cannot hold one fp32 gradient shard per
@@ -135,32 +147,19 @@ TEST(Engine, GatherWindowBoundsAreHonouredAndChangeNoResult) {
 // starts with the first forward) must finish before their buffers go. Under ASan a read
 // landing in freed memory fails this test.
 TEST(Engine, DestroyedMidStepWaitsForItsReads) {
-  zero::TrainSpec spec = SmallSpec(1);
-  DeviceOptions dopt;
-  dopt.kind = DeviceKind::kSim;
-  auto dev = CreateDevice(dopt);
-  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
-  auto init = [&](int m, int t, int64_t b, int64_t n, float* out) { model::InitTensorSlice(spec.model, m, t, b, n, out); };
-  auto engine = Engine::Create(MakeConfig({3, "nvme", "nvme", "nvme"}), model::MlpModules(spec.model), init,
-                               EngineResources{&World(), dev->get()});
-  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-  ASSERT_TRUE((*engine)->BeforeForward(0).ok());
-  ASSERT_TRUE((*engine)->AfterForward(0).ok());
-  engine->reset();
+  auto t = MakeEngine(MakeConfig({3, "nvme", "nvme", "nvme"}), SmallSpec(1));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_TRUE(t->engine->BeforeForward(0).ok());
+  ASSERT_TRUE(t->engine->AfterForward(0).ok());
+  t->engine.reset();
 }
 
 TEST(Engine, HookWithABadModuleIndexIsRefusedByName) {
-  zero::TrainSpec spec = SmallSpec(1);
-  DeviceOptions dopt;
-  dopt.kind = DeviceKind::kSim;
-  auto dev = CreateDevice(dopt);
-  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
-  auto init = [&](int m, int t, int64_t b, int64_t n, float* out) { model::InitTensorSlice(spec.model, m, t, b, n, out); };
-  const auto modules = model::MlpModules(spec.model);
-  auto engine = Engine::Create(MakeConfig({3, "cpu", "cpu"}), modules, init, EngineResources{&World(), dev->get()});
-  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-  Engine& e = **engine;
-  const int n = static_cast<int>(modules.size());
+  const zero::TrainSpec spec = SmallSpec(1);
+  auto t = MakeEngine(MakeConfig({3, "cpu", "cpu"}), spec);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  Engine& e = *t->engine;
+  const int n = static_cast<int>(model::MlpModules(spec.model).size());
   std::vector<Status> refused = {e.BeforeForward(-1).status(), e.BeforeForward(n).status(), e.AfterForward(n),
                                  e.BeforeBackward(n).status(), e.AfterBackward(-1)};
   for (const Status& st : refused) {
