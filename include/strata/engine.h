@@ -111,6 +111,12 @@ struct EngineLayoutInfo {
   uint64_t host_need = 0;
   uint64_t nvme_need = 0;
   bool gradients_on_nvme = false;  // strata.gradients resolved (optimizer on NVMe only)
+  // Optimizer on NVMe: each chunk's shard is stepped in this many pieces (sub-groups) of
+  // at most optimizer_piece_elems, bounded by zero_optimization.sub_group_size and by
+  // 16 MiB of state, so that a few staging sets pipeline reads, steps and writes.
+  int optimizer_pieces = 1;
+  int64_t optimizer_piece_elems = 0;
+  int optimizer_staging_sets = 0;  // pinned sets of one piece's state each
 };
 
 class Engine : public model::MlpHooks {

@@ -30,6 +30,15 @@ constexpr int kParamStaging = 3;
 // several shard reads in flight; further ahead only holds device memory longer.
 constexpr uint64_t kPrefetchModules = 3;
 
+// The NVMe optimizer steps a chunk's shard in pieces of at most this much state
+// (master | m | v): small enough that even a tight host budget holds several staging
+// sets, so reads run ahead and writes behind while a piece steps; large enough (16
+// requests of the default 1 MiB block) that each piece keeps the disk's queue full.
+constexpr uint64_t kPieceStateBytes = 16ull << 20;
+// Staging sets beyond what four whole-chunk sets would hold buy nothing on one disk:
+// reads run ahead of the step by more than the disk can deliver in the meantime.
+constexpr uint64_t kStagingChunkSets = 4;
+
 uint64_t Align4K(uint64_t b) { return (b + 4095) / 4096 * 4096; }
 
 // Writes the initial fp32 values of chunk positions [begin, begin + count) into out
@@ -226,9 +235,21 @@ Status Engine::Impl::AllocateMemory() {
   const uint64_t chunk16 = l.chunk_elems * csize;
   const uint64_t shard16 = l.shard_elems * csize;
   const uint64_t opt_bytes = opt_elems * 4;
-  opt_set_bytes = Align4K(3 * opt_bytes);
   grad_slot_bytes = Align4K(opt_bytes);
-  staging_set_bytes = opt_set_bytes;
+  piece_elems = std::max<int64_t>(opt_elems, 1);
+  if (opt_tier == ZeroTier::kNvme) {
+    // sub_group_size (DeepSpeed's key) bounds a piece from above; the engine's own cap
+    // keeps pieces small enough to pipeline whatever the model's chunk size.
+    const int64_t cap = std::min<int64_t>(
+        static_cast<int64_t>(std::min<uint64_t>(config.zero.sub_group_size, kPieceStateBytes / 12)), opt_elems);
+    const int64_t k = (opt_elems + std::max<int64_t>(cap, 1) - 1) / std::max<int64_t>(cap, 1);
+    piece_elems = (opt_elems + k - 1) / k;
+    piece_elems = std::min<int64_t>((piece_elems + 1023) / 1024 * 1024, opt_elems);  // 4 KiB-aligned offsets
+    piece_elems = std::max<int64_t>(piece_elems, 1);
+  }
+  pieces = static_cast<int>((opt_elems + piece_elems - 1) / piece_elems);
+  if (pieces == 0) pieces = 1;
+  opt_set_bytes = Align4K(3 * piece_elems * 4);
   size_t max_module_chunks = 1;
   for (const auto& chunks : l.module_chunks) max_module_chunks = std::max(max_module_chunks, chunks.size());
   grad_buffers = static_cast<int>(max_module_chunks) + 1;
@@ -251,7 +272,7 @@ Status Engine::Impl::AllocateMemory() {
     case ZeroTier::kHost: host += n_chunks * (opt_set_bytes + Align4K(opt_bytes)); break;
     case ZeroTier::kNvme:
       host += opt_set_bytes;  // one staging set; the gradients' place is decided below
-      nvme += 2 * n_chunks * opt_set_bytes;
+      for (int p = 0; p < pieces; ++p) nvme += 2 * n_chunks * PieceBytes(p);
       break;
   }
   if (grad_tier != ZeroTier::kDevice) host += grad_slot_bytes;  // host_recv
@@ -283,7 +304,7 @@ Status Engine::Impl::AllocateMemory() {
   // The arena never splits a block across its 1 GiB segments (io_uring registers each
   // segment as one buffer), so each segment boundary may strand up to one block.
   auto fragmentation = [&](uint64_t bytes) {
-    const uint64_t block = std::max(staging_set_bytes, Align4K(chunk16));
+    const uint64_t block = std::max({opt_set_bytes, Align4K(chunk16), grad_slot_bytes});
     const uint64_t segment = arena != nullptr ? arena->segment_bytes() : HostArenaOptions{}.segment_bytes;
     // A block can be stranded only in front of a segment boundary of an arena of our own
     // (it starts empty); a shared arena may already be cut up, so allow one block more.
@@ -291,13 +312,14 @@ Status Engine::Impl::AllocateMemory() {
     if ((bytes + boundaries * block) / segment > bytes / segment) ++boundaries;
     return boundaries * block;
   };
-  const bool publish_from_set = opt_tier == ZeroTier::kNvme && stage == 3 && param_tier == ZeroTier::kNvme;
-  const uint64_t out16_bytes = publish_from_set ? Align4K(opt_elems * csize) : 0;
-  host += out16_bytes;  // the first staging set's share; the rest go with the sets below
+  // Both on NVMe: the new 16-bit shard is assembled in one of two buffers and written
+  // behind while the next chunk steps into the other.
+  publish_behind = opt_tier == ZeroTier::kNvme && stage == 3 && param_tier == ZeroTier::kNvme;
+  if (publish_behind) host += 2 * Align4K(opt_elems * csize);
   if (opt_tier == ZeroTier::kNvme) {
     // Gradient shards wait for the step in pinned memory if the budget holds them
-    // (no extra I/O), else on NVMe beside the state: two pinned shards in flight, and
-    // each staging set grows by one shard, which the step reads with the state.
+    // (no extra I/O), else on NVMe beside the state: at least two pinned shards, which
+    // also hold a shard read back for a step that needs it from disk.
     const uint64_t on_host = host + n_chunks * grad_slot_bytes;
     const std::string& want = config.strata.gradients;
     // With overlap on and clipping off no step is ever redone, so a shard on the NVMe
@@ -308,16 +330,11 @@ Status Engine::Impl::AllocateMemory() {
     if (want == "nvme" ||
         (want == "auto" && (free_on_nvme || on_host + fragmentation(on_host) > host_budget))) {
       grad_tier = ZeroTier::kNvme;
-      staging_set_bytes = opt_set_bytes + grad_slot_bytes;
-      host += grad_slot_bytes + 2 * grad_slot_bytes;
+      host += 2 * grad_slot_bytes;
       nvme += n_chunks * grad_slot_bytes;
     } else {
       host = on_host;
     }
-  }
-  if (publish_from_set) {
-    out16_offset_bytes = staging_set_bytes;
-    staging_set_bytes += out16_bytes;
   }
   if (host > 0) host += fragmentation(host);
   if (host > host_budget) {
@@ -334,10 +351,12 @@ Status Engine::Impl::AllocateMemory() {
   }
   opt_staging_count = 0;
   if (opt_tier == ZeroTier::kNvme) {
-    // Read ahead, step and write behind need three sets; more buys nothing on one disk.
-    uint64_t room = host_budget - host;
-    opt_staging_count = 1 + static_cast<int>(std::min<uint64_t>({3, n_chunks, room / staging_set_bytes}));
-    host += (opt_staging_count - 1) * staging_set_bytes;
+    // Read ahead, step and write behind need three sets; more deepen the pipeline, up to
+    // what kStagingChunkSets whole-chunk sets would hold.
+    const uint64_t room = host_budget - host;
+    const uint64_t cap = std::min<uint64_t>(kStagingChunkSets * pieces, n_chunks * pieces) - 1;
+    opt_staging_count = 1 + static_cast<int>(std::min<uint64_t>(cap, room / opt_set_bytes));
+    host += (opt_staging_count - 1) * opt_set_bytes;
   }
   grad_host_count = 0;
   if (grad_tier == ZeroTier::kNvme) {
@@ -366,10 +385,14 @@ Status Engine::Impl::AllocateMemory() {
   info.host_need = host;
   info.nvme_need = nvme;
   info.gradients_on_nvme = grad_tier == ZeroTier::kNvme;
+  info.optimizer_pieces = opt_tier == ZeroTier::kNvme ? pieces : 1;
+  info.optimizer_piece_elems = opt_tier == ZeroTier::kNvme ? piece_elems : 0;
+  info.optimizer_staging_sets = opt_staging_count;
   STRATA_LOG(kDebug, "engine") << "layout: " << l.num_params << " params in " << l.num_chunks << " chunks of "
                               << l.chunk_elems << " (shard " << l.shard_elems << "); device " << FormatBytes(dev)
                               << ", host " << FormatBytes(host) << ", nvme " << FormatBytes(nvme)
-                              << "; spares " << spares << ", staging sets " << opt_staging_count
+                              << "; spares " << spares << ", staging sets " << opt_staging_count << " of "
+                              << pieces << " piece(s) per chunk"
                               << ", gather buffers " << gather_buffers << " (prefetch " << prefetch_modules << " modules)"
                               << (grad_tier == ZeroTier::kNvme ? "; gradients on NVMe" : "");
 
@@ -432,8 +455,12 @@ Status Engine::Impl::AllocateMemory() {
     spare_states.push_back(static_cast<float*>(p));
   }
   for (int i = 0; i < opt_staging_count; ++i) {
-    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(staging_set_bytes, "NVMe optimizer staging"));
+    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_set_bytes, "NVMe optimizer staging"));
     opt_staging.free.push_back(p);
+  }
+  for (int i = 0; publish_behind && i < 2; ++i) {
+    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_elems * csize, "parameter shards on their way to NVMe"));
+    out16_staging.free.push_back(p);
   }
   if (stage == 3) {
     param_shard.resize(n_chunks);
@@ -470,12 +497,15 @@ Status Engine::Impl::AllocateMemory() {
       so.paths = paths(config.zero.offload_optimizer);
       so.name = "strata-optim-r" + std::to_string(rank);
       so.slot_size = opt_set_bytes;
-      so.slot_count = 2 * n_chunks;
+      so.slot_count = 2 * n_chunks * pieces;
       so.checksum = config.strata.checksum;
       STRATA_ASSIGN_OR_RETURN(opt_store, NvmeStore::Open(*io, so));
       for (auto& o : opt) {
-        for (SlotId& slot : o.slot) {
-          STRATA_ASSIGN_OR_RETURN(slot, opt_store->Allocate());
+        for (auto& version : o.slot) {
+          version.resize(pieces);
+          for (SlotId& slot : version) {
+            STRATA_ASSIGN_OR_RETURN(slot, opt_store->Allocate());
+          }
         }
       }
     }
@@ -520,13 +550,19 @@ Status Engine::Impl::InitParams(const ParamInit& init) {
     OptChunk& o = opt[c];
     if (opt_tier == ZeroTier::kNvme) {
       float* set = static_cast<float*>(opt_staging.Take());
-      std::memcpy(set, full.data() + opt_offset, opt_elems * 4);
-      std::memset(set + opt_elems, 0, 2 * opt_elems * 4);
-      auto h = opt_store->Write(o.slot[0], set, opt_set_bytes);
-      Status st = h.ok() ? h->Wait() : h.status();
+      for (int p = 0; p < pieces; ++p) {
+        const int64_t n = PieceElems(p);
+        std::memcpy(set, full.data() + opt_offset + p * piece_elems, n * 4);
+        std::memset(set + n, 0, 2 * n * 4);
+        auto h = opt_store->Write(o.slot[0][p], set, PieceBytes(p));
+        Status st = h.ok() ? h->Wait() : h.status();
+        if (!st.ok()) {
+          opt_staging.Give(set);
+          return st;
+        }
+        bytes_nvme_written += PieceBytes(p);
+      }
       opt_staging.Give(set);
-      STRATA_RETURN_IF_ERROR(st);
-      bytes_nvme_written += opt_set_bytes;
     } else {
       std::vector<float> st(3 * opt_elems, 0.0f);
       std::memcpy(st.data(), full.data() + opt_offset, opt_elems * 4);

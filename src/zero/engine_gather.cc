@@ -158,19 +158,6 @@ void Engine::Impl::ReleaseGathered(int module, int pos) {
   }
 }
 
-Status Engine::Impl::ReadAheadDescending(int from) {
-  int in_flight = static_cast<int>(nvme_reads.size());
-  for (int c = from; c >= 0 && in_flight < opt_staging_count - 2; --c) {
-    if (nvme_reads.count(c)) continue;
-    void* p = opt_staging.TryTake();
-    if (p == nullptr) break;
-    opt_staging.Give(p);  // IssueNvmeRead takes it again; only this thread takes sets now
-    STRATA_RETURN_IF_ERROR(IssueNvmeRead(c, /*with_grad=*/false));
-    ++in_flight;
-  }
-  return OkStatus();
-}
-
 void Engine::Impl::ReadStatesAhead() {
   if (opt_tier != ZeroTier::kNvme || !overlap) return;
   // The backward finishes the last chunk first. A failed read is not lost: the step

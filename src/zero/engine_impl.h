@@ -82,7 +82,9 @@ struct Engine::Impl {
 
   struct OptChunk {
     float* state = nullptr;     // master | m | v (opt_elems each), device or host tier
-    SlotId slot[2] = {0, 0};    // nvme tier
+    // nvme tier: one slot per piece (sub-group) and version; slot[v][p] holds piece p's
+    // master | m | v (PieceElems(p) each).
+    std::vector<SlotId> slot[2];
     int current = 0;            // which slot holds the committed state
     float* grad = nullptr;      // gradient shard, accumulated over micro-batches (device/host)
     SlotId grad_slot = 0;       // ... or its slot in grad_store (nvme)
@@ -106,7 +108,7 @@ struct Engine::Impl {
   };
   std::vector<ParamShard> param_shard;
 
-  // Pinned staging: NVMe optimizer sets (3 * opt_elems fp32 each) and param shards.
+  // Pinned staging: NVMe optimizer sets (one piece's master | m | v each) and param shards.
   struct Pool {
     std::mutex mu;
     std::condition_variable cv;
@@ -116,55 +118,57 @@ struct Engine::Impl {
     void Give(void* p);
   };
   Pool opt_staging;
-  // The NVMe optimizer pipeline (issue: read i+1 || step i || write i-1). Touched by
-  // one thread at a time: opt_worker during backward, the training thread in Step().
+  // The NVMe optimizer pipeline (issue: read i+1 || step i || write i-1), by piece: a
+  // chunk's shard is stepped in `pieces` sub-groups of piece_elems, so that a host budget
+  // too small for several whole-chunk sets still keeps reads ahead and writes behind in
+  // flight. Touched by one thread at a time: opt_worker during backward, the training
+  // thread in Step().
+  int64_t piece_elems = 0;      // elements per piece (the last one may have fewer)
+  int pieces = 1;               // per chunk
+  int64_t PieceElems(int p) const { return std::min<int64_t>(piece_elems, opt_elems - p * piece_elems); }
+  uint64_t PieceBytes(int p) const { return (3 * PieceElems(p) * 4 + 4095) / 4096 * 4096; }
+  int PieceKey(int chunk, int p) const { return chunk * pieces + p; }
   struct NvmeRead {
     float* buf = nullptr;
     IoHandle handle;
-    IoHandle grad_handle;       // grad_tier nvme: the shard into buf + opt_set_bytes
-    bool has_grad = false;
-    // Both reads done (the buffer is free to reuse after this); the first error.
-    Status Wait() {
-      Status s = handle.Wait();
-      if (has_grad) {
-        Status g = grad_handle.Wait();
-        if (s.ok()) s = g;
-      }
-      return s;
-    }
   };
-  std::map<int, NvmeRead> nvme_reads;                   // read ahead, by chunk
+  std::map<int, NvmeRead> nvme_reads;  // read ahead, by PieceKey
+  // A write behind and the buffer it came from, which goes back to its pool once the
+  // write is on disk.
   struct NvmeWrite {
-    IoHandle state;             // master | m | v to the chunk's other slot
-    IoHandle param;             // the new 16-bit shard (when published from the set)
-    bool has_param = false;
-    float* buf = nullptr;       // the staging set both came from
-    // Both writes done (the buffer is free to reuse after this); the first error.
-    Status Wait() {
-      Status s = state.Wait();
-      if (!s.ok()) return s.WithContext("writing optimizer state to NVMe");
-      if (has_param) return param.Wait().WithContext("writing parameters to NVMe");
-      return s;
-    }
+    IoHandle handle;
+    void* buf = nullptr;
+    const char* what = "";
+    Status Wait() const { return handle.Wait().WithContext(what); }
   };
-  std::deque<NvmeWrite> nvme_writes;  // written behind, oldest first
-  float* TakeOptStaging();
-  // Where a staging set holds the chunk's gradient shard (grad_tier nvme), and its read.
-  float* GradIn(float* set) const { return set + opt_set_bytes / 4; }
-  Result<IoHandle> ReadGrad(int chunk, float* set) {
-    return grad_store->Read(opt[chunk].grad_slot, GradIn(set), grad_slot_bytes);
-  }
-  // with_grad: also read the gradient shard (grad_tier nvme) behind the state.
-  Status IssueNvmeRead(int chunk, bool with_grad);
+  std::deque<NvmeWrite> nvme_writes;   // piece states (opt_staging), oldest first
+  std::deque<NvmeWrite> param_writes;  // 16-bit shards (out16_staging), oldest first
+  // A free staging set, else the oldest write's once it is on disk (its error if it
+  // failed). Optimizer thread only (the one stepping).
+  Result<float*> TakeOptStaging();
+  Status IssueNvmeRead(int chunk, int piece);
+  // Issues reads for the pieces of `chunk` from first_piece on, then of next_chunk (and,
+  // descending, the chunks below it), while sets are free and fewer than all but two
+  // are reading ahead. Never waits.
+  Status ReadAhead(int chunk, int first_piece, int next_chunk, bool descending);
+  Status StepPieceNvme(int chunk, int piece, float grad_scale, bool speculative, int next_chunk,
+                       const float* grad, void* out);
+  // The committed master values of a chunk's shard (opt_elems), read piece by piece.
+  Status ReadMaster(int chunk, float* master);
+  // Waits for every write behind and returns the buffers; the first error.
   Status WaitNvmeWrites();
+  // Returns the staging sets of completed writes, oldest first, to opt_staging (a failed
+  // one stays queued for WaitNvmeWrites to report). Never blocks.
+  void ReclaimNvmeWrites();
   Status DropNvmeReads();
   Pool param_staging;
-  uint64_t opt_set_bytes = 0;     // master | m | v, one NVMe slot
+  // Parameters on NVMe too: the step assembles a chunk's new 16-bit shard here, piece by
+  // piece, and writes it behind (nothing waits for it before the next forward).
+  Pool out16_staging;
+  bool publish_behind = false;
+  Result<void*> TakeOut16Staging();
+  uint64_t opt_set_bytes = 0;     // master | m | v of one piece: a staging set, one NVMe slot
   uint64_t grad_slot_bytes = 0;   // one gradient shard, 4 KiB aligned
-  uint64_t staging_set_bytes = 0; // an opt_staging buffer: the set, plus the gradient on nvme
-  // Parameters on NVMe too: the step writes the new 16-bit shard at this offset of its
-  // staging set and writes it behind with the state (0: through param_staging).
-  uint64_t out16_offset_bytes = 0;
   int opt_staging_count = 0;
 
   // Stage 3 gathered chunks on the device.
@@ -233,9 +237,8 @@ struct Engine::Impl {
   // Reads the optimizer state of the chunks the backward steps first into free staging
   // sets (last micro-batch, optimizer on NVMe, overlap on); runs on opt_worker.
   void ReadStatesAhead();
-  // Issues state reads for `from`, from - 1, ... while staging sets are free, keeping two
-  // for the step and its write. Optimizer thread only.
-  Status ReadAheadDescending(int from);
+  // ReadAhead from the first piece of `from` down. Optimizer thread only.
+  Status ReadAheadDescending(int from) { return ReadAhead(from, 0, from - 1, /*descending=*/true); }
 
   // --- engine_hooks.cc ---
   Status CheckModule(int module) const;  // InvalidArgument naming the index and the count
@@ -270,5 +273,10 @@ struct Engine::Impl {
   Result<GradStats> LocalGradStats();
   void* Out16Target(int chunk, bool* on_host);
 };
+
+// One Adam step over the state at `st` (master | m | v, n each) with its gradient,
+// writing the compute copy to out (a 16-bit buffer, or fp32 when compute is).
+Status RunAdamOn(const AdamParams& p, float* st, int64_t n, const float* grad, DType compute, void* out,
+                 tbb::task_arena* arena);
 
 }  // namespace strata

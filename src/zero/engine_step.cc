@@ -48,9 +48,7 @@ Status Engine::Impl::PublishParams(int chunk, const void* src, bool from_host) {
   return OkStatus();
 }
 
-// One Adam step over the state at `st` (master | m | v) with the chunk's gradient
-// shard, writing the compute copy to out (a 16-bit buffer, or fp32 when compute is).
-static Status RunAdam(const AdamParams& p, float* st, int64_t n, const float* grad, DType compute, void* out,
+Status RunAdamOn(const AdamParams& p, float* st, int64_t n, const float* grad, DType compute, void* out,
                       tbb::task_arena* arena) {
   Copy16 c16;
   if (compute != DType::kF32) c16 = Copy16{out, compute};
@@ -80,10 +78,10 @@ Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, in
   Status s;
   if (opt_tier == ZeroTier::kDevice) {
     // The device computes: on the sim device that is the CPU Adam on its compute stream.
-    s = device->Enqueue(compute_stream, [&] { return RunAdam(p, st, opt_elems, grad, compute, out, nullptr); });
+    s = device->Enqueue(compute_stream, [&] { return RunAdamOn(p, st, opt_elems, grad, compute, out, nullptr); });
     if (s.ok()) s = device->Synchronize(compute_stream);
   } else {
-    s = RunAdam(p, st, opt_elems, grad, compute, out, speculative ? &speculation_arena : nullptr);
+    s = RunAdamOn(p, st, opt_elems, grad, compute, out, speculative ? &speculation_arena : nullptr);
   }
   opt_busy_ns += NowNs() - t0;
   Span(track_optimizer, std::string(speculative ? "step (speculative) chunk " : "step chunk ") + std::to_string(chunk),
@@ -97,169 +95,6 @@ Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, in
     ++speculative_count;
   }
   return s.WithContext("optimizer step of chunk " + std::to_string(chunk));
-}
-
-float* Engine::Impl::TakeOptStaging() {
-  if (void* p = opt_staging.TryTake()) return static_cast<float*>(p);
-  if (!nvme_writes.empty()) {
-    // Reuse the buffer of the oldest write once it is on disk; its Status is checked
-    // by WaitNvmeWrites, which keeps failed ones.
-    NvmeWrite& w = nvme_writes.front();
-    if (w.Wait().ok()) {
-      float* buf = w.buf;
-      nvme_writes.pop_front();
-      return buf;
-    }
-  }
-  return static_cast<float*>(opt_staging.Take());
-}
-
-Status Engine::Impl::IssueNvmeRead(int chunk, bool with_grad) {
-  float* buf = TakeOptStaging();
-  auto rd = opt_store->Read(opt[chunk].slot[opt[chunk].current], buf, opt_set_bytes);
-  if (!rd.ok()) {
-    opt_staging.Give(buf);
-    return rd.status();
-  }
-  NvmeRead r;
-  r.buf = buf;
-  r.handle = *rd;
-  if (with_grad) {
-    auto grd = ReadGrad(chunk, buf);
-    if (!grd.ok()) {
-      (void)r.handle.Wait();  // the buffer is free only once the state read is done
-      opt_staging.Give(buf);
-      return grd.status();
-    }
-    r.grad_handle = *grd;
-    r.has_grad = true;
-  }
-  nvme_reads[chunk] = r;
-  return OkStatus();
-}
-
-Status Engine::Impl::WaitNvmeWrites() {
-  Status first;
-  while (!nvme_writes.empty()) {
-    NvmeWrite w = nvme_writes.front();
-    nvme_writes.pop_front();
-    Status st = w.Wait();
-    if (first.ok() && !st.ok()) first = st;
-    opt_staging.Give(w.buf);
-  }
-  return first;
-}
-
-Status Engine::Impl::DropNvmeReads() {
-  Status first;
-  for (auto& [chunk, r] : nvme_reads) {
-    Status st = r.Wait();  // the buffer is the engine's again only once the reads are done
-    opt_staging.Give(r.buf);
-    if (first.ok() && !st.ok()) first = st;
-  }
-  nvme_reads.clear();
-  return first;
-}
-
-Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative, int next_chunk,
-                                   const float* grad) {
-  OptChunk& o = opt[chunk];
-  // Gradients on NVMe are read with the state unless the caller holds the shard.
-  const bool read_grad = grad == nullptr && grad_tier == ZeroTier::kNvme;
-  if (read_grad && !o.grad_on_disk) {
-    return InternalError("engine: chunk " + std::to_string(chunk) +
-                         " must be stepped from its gradient on NVMe, which was not written (a speculative step "
-                         "was expected to use it)");
-  }
-  int64_t t0 = NowNs();
-  const auto wait_start = std::chrono::steady_clock::now();
-  if (!nvme_reads.count(chunk)) STRATA_RETURN_IF_ERROR(IssueNvmeRead(chunk, read_grad));
-  NvmeRead r = nvme_reads[chunk];
-  nvme_reads.erase(chunk);
-  float* st = r.buf;
-  Status s = r.Wait();
-  if (read_grad) {
-    if (!r.has_grad) {
-      // A read ahead issued during backward could not take the gradient (not final then).
-      auto grd = ReadGrad(chunk, st);
-      Status g = grd.ok() ? grd->Wait() : grd.status();
-      if (s.ok()) s = g;
-    }
-    if (s.ok()) bytes_nvme_read += grad_slot_bytes;
-    grad = GradIn(st);
-  }
-  if (grad == nullptr) grad = o.grad;
-  io_busy_ns += NowNs() - t0;
-  Span(track_nvme, "wait read chunk " + std::to_string(chunk), wait_start, opt_set_bytes);
-  // The whole chunk step (its read, Adam, and issuing its write) on the optimizer lane.
-  struct StepSpan {
-    Impl* s;
-    std::string name;
-    std::chrono::steady_clock::time_point begin;
-    ~StepSpan() { s->Span(s->track_optimizer, name, begin); }
-  } step_span{this, std::string(speculative ? "step (speculative) chunk " : "step chunk ") + std::to_string(chunk),
-              wait_start};
-  if (s.ok()) bytes_nvme_read += opt_set_bytes;
-  NvmeWrite write;
-  // Read the next chunks while this one steps, as staging sets are free.
-  if (s.ok() && overlap && next_chunk >= 0 && speculative) {
-    s = ReadAheadDescending(next_chunk);
-  } else if (s.ok() && overlap && next_chunk >= 0 && !nvme_reads.count(next_chunk) && opt_staging_count > 2) {
-    if (void* p = opt_staging.TryTake()) {
-      opt_staging.Give(p);
-      s = IssueNvmeRead(next_chunk, grad_tier == ZeroTier::kNvme);
-    }
-  }
-  if (s.ok()) {
-    AdamParams p = adam;
-    p.grad_scale = grad_scale;
-    bool on_host = true;
-    void* out = out16_offset_bytes ? reinterpret_cast<uint8_t*>(st) + out16_offset_bytes : Out16Target(chunk, &on_host);
-    t0 = NowNs();
-    s = RunAdam(p, st, opt_elems, grad, compute, out, speculative ? &speculation_arena : nullptr);
-    opt_busy_ns += NowNs() - t0;
-    if (out16_offset_bytes == 0) {
-      if (s.ok()) s = PublishParams(chunk, out, on_host);
-      if (on_host) param_staging.Give(out);
-    } else if (s.ok()) {
-      // Written behind with the state: waiting here stalled the pipeline behind the
-      // reads queued ahead of it.
-      auto pw = param_store->Write(param_shard[chunk].slot, out, opt_elems * csize);
-      if (pw.ok()) {
-        write.param = *pw;
-        write.has_param = true;
-        bytes_nvme_written += opt_elems * csize;
-      } else {
-        s = pw.status();
-      }
-    }
-  }
-  if (!s.ok()) {
-    if (write.has_param) (void)write.param.Wait();  // the buffer must be quiet before reuse
-    opt_staging.Give(st);
-    return s.WithContext("NVMe optimizer step of chunk " + std::to_string(chunk));
-  }
-  // Write behind: the new version goes to the other slot; the buffer comes back when
-  // the write completes (TakeOptStaging / WaitNvmeWrites). Without overlap, wait now.
-  auto wr = opt_store->Write(o.slot[1 - o.current], st, opt_set_bytes);
-  if (!wr.ok()) {
-    if (write.has_param) (void)write.param.Wait();
-    opt_staging.Give(st);
-    return wr.status().WithContext("NVMe optimizer step of chunk " + std::to_string(chunk));
-  }
-  bytes_nvme_written += opt_set_bytes;
-  write.state = *wr;
-  write.buf = st;
-  nvme_writes.push_back(write);
-  if (!overlap) STRATA_RETURN_IF_ERROR(WaitNvmeWrites());
-  if (speculative) {
-    o.has_pending = true;
-    o.speculated = true;
-    ++speculative_count;
-  } else {
-    o.current = 1 - o.current;  // commit: readers wait for nvme_writes before reading it
-  }
-  return OkStatus();
 }
 
 // Runs on comm_worker once the chunk's gradient shard is final.
@@ -323,12 +158,7 @@ Status Engine::Impl::RestoreParams(int chunk) {
   if (opt_tier == ZeroTier::kNvme) {
     STRATA_RETURN_IF_ERROR(WaitNvmeWrites());
     STRATA_RETURN_IF_ERROR(DropNvmeReads());
-    float* st = static_cast<float*>(opt_staging.Take());
-    auto rd = opt_store->Read(o.slot[o.current], st, opt_set_bytes);
-    Status s = rd.ok() ? rd->Wait() : rd.status();
-    if (s.ok()) std::memcpy(master.data(), st, opt_elems * 4);
-    opt_staging.Give(st);
-    STRATA_RETURN_IF_ERROR(s);
+    STRATA_RETURN_IF_ERROR(ReadMaster(chunk, master.data()));
   } else {
     std::memcpy(master.data(), o.state, opt_elems * 4);
   }
@@ -341,6 +171,19 @@ Status Engine::Impl::RestoreParams(int chunk) {
   }
   Status s = PublishParams(chunk, out, on_host);
   if (on_host) param_staging.Give(out);
+  return s;
+}
+
+Status Engine::Impl::ReadMaster(int chunk, float* master) {
+  const OptChunk& o = opt[chunk];
+  STRATA_ASSIGN_OR_RETURN(float* st, TakeOptStaging());
+  Status s;
+  for (int p = 0; s.ok() && p < pieces; ++p) {
+    auto rd = opt_store->Read(o.slot[o.current][p], st, PieceBytes(p));
+    s = rd.ok() ? rd->Wait() : rd.status();
+    if (s.ok()) std::memcpy(master + p * piece_elems, st, PieceElems(p) * 4);
+  }
+  opt_staging.Give(st);
   return s;
 }
 
@@ -485,12 +328,8 @@ Status Engine::GatherMaster(int module, int tensor, std::vector<float>* out) {
   if (s.stage > 0 || s.rank == 0) {
     Impl::OptChunk& o = s.opt[t.chunk];
     if (s.opt_tier == ZeroTier::kNvme) {
-      float* st = static_cast<float*>(s.opt_staging.Take());
-      auto rd = s.opt_store->Read(o.slot[o.current], st, s.opt_set_bytes);
-      Status st_read = rd.ok() ? rd->Wait() : rd.status();
-      if (st_read.ok()) std::memcpy(full.data() + s.opt_offset, st, s.opt_elems * 4);
-      s.opt_staging.Give(st);
-      STRATA_RETURN_IF_ERROR(st_read);
+      STRATA_RETURN_IF_ERROR(s.WaitNvmeWrites());
+      STRATA_RETURN_IF_ERROR(s.ReadMaster(t.chunk, full.data() + s.opt_offset));
     } else {
       std::memcpy(full.data() + s.opt_offset, o.state, s.opt_elems * 4);
     }

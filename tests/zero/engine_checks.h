@@ -58,7 +58,8 @@ inline void CheckAllCombos(Communicator& world) {
 inline void CheckOverlapEqualsSerial(Communicator& world, const std::string& extra) {
   zero::TrainSpec spec = SmallSpec(8);
   for (const Combo& c : {Combo{1, "cpu", "none"}, Combo{2, "none", "none"}, Combo{3, "cpu", "cpu"},
-                         Combo{3, "nvme", "nvme"}, Combo{3, "nvme", "none"}, Combo{3, "nvme", "nvme", "nvme"}}) {
+                         Combo{3, "nvme", "nvme"}, Combo{3, "nvme", "none"}, Combo{3, "nvme", "nvme", "nvme"},
+                         Combo{3, "nvme", "nvme", "nvme", kPiecedSubGroup}, Combo{3, "nvme", "nvme", "auto", kPiecedSubGroup}}) {
     nlohmann::json e = extra.empty() ? nlohmann::json::object() : nlohmann::json::parse(extra);
     e["strata"]["overlap"] = false;
     EngineRun serial = RunEngine(world, MakeConfig(c, e.dump()), spec);
@@ -85,7 +86,8 @@ inline void CheckAccumulation(Communicator& world) {
   big.micro_batch = 16;
   zero::TrainSpec small = big;
   small.micro_batch = 4;
-  for (const Combo& c : {Combo{2, "cpu", "none"}, Combo{3, "nvme", "cpu"}, Combo{3, "nvme", "none", "nvme"}}) {
+  for (const Combo& c : {Combo{2, "cpu", "none"}, Combo{3, "nvme", "cpu"}, Combo{3, "nvme", "none", "nvme"},
+                         Combo{3, "nvme", "nvme", "nvme", kPiecedSubGroup}}) {
     EngineRun one = RunEngine(world, MakeConfig(c), big);
     EngineRun four = RunEngine(world, MakeConfig(c, R"({"gradient_accumulation_steps": 4})"), small);
     ASSERT_TRUE(one.status.ok()) << one.status.ToString();
@@ -104,7 +106,7 @@ inline void CheckClipping(Communicator& world) {
   for (double c : ref->log.clip_coefs) clipped += c < 1;
   ASSERT_GT(clipped, 5) << "the clipping threshold should engage in most steps";
   for (const Combo& c : {Combo{1, "none", "none"}, Combo{2, "cpu", "none"}, Combo{3, "nvme", "nvme"},
-                         Combo{3, "nvme", "cpu", "nvme"}}) {
+                         Combo{3, "nvme", "cpu", "nvme"}, Combo{3, "nvme", "nvme", "nvme", kPiecedSubGroup}}) {
     EngineRun run = RunEngine(world, MakeConfig(c, extra), spec);
     ExpectMatchesReference(run, *ref, 1e-5, kAtol, kRtol, ComboName(c) + " with clipping");
   }
@@ -122,7 +124,7 @@ inline void CheckFp16Overflow(Communicator& world) {
   ASSERT_GT(skipped, 0) << "the reference should overflow at scale 2^24";
   ASSERT_LT(skipped, spec.steps) << "and recover";
   for (const Combo& c : {Combo{0, "none", "none"}, Combo{2, "cpu", "none"}, Combo{3, "nvme", "nvme"},
-                         Combo{3, "nvme", "nvme", "nvme"}}) {
+                         Combo{3, "nvme", "nvme", "nvme"}, Combo{3, "nvme", "nvme", "auto", kPiecedSubGroup}}) {
     EngineRun run = RunEngine(world, MakeConfig(c, extra), spec);
     ExpectMatchesReference(run, *ref, 2e-3, 2 * 0.01, 0, ComboName(c) + " fp16");
   }

@@ -25,7 +25,14 @@ struct Combo {
   const char* opt;    // offload_optimizer.device
   const char* param;  // offload_param.device
   const char* grads = "auto";  // strata.gradients (nvme optimizer only)
+  // zero_optimization.sub_group_size (0: the default). Small values make the NVMe
+  // optimizer step each chunk in several pieces, as large chunks are in real runs.
+  int sub_group = 0;
 };
+
+// A sub_group_size that cuts SmallSpec's chunk shards into pieces of 1024 elements
+// (the engine's alignment), several per chunk at world sizes 1, 2 and 4.
+inline constexpr int kPiecedSubGroup = 1000;
 
 // Every combination DeepSpeed allows: offload needs stage >= 1, NVMe optimizer offload
 // and parameter offload need stage 3.
@@ -39,12 +46,16 @@ inline std::vector<Combo> AllCombos() {
   // forced here so that each is checked in every setting.
   for (const char* p : {"none", "cpu", "nvme"}) c.push_back({3, "nvme", p, "nvme"});
   for (const char* p : {"none", "cpu", "nvme"}) c.push_back({3, "nvme", p, "host"});
+  // Chunks stepped in pieces (the last one shorter), with each gradient path.
+  for (const char* g : {"auto", "nvme", "host"}) c.push_back({3, "nvme", "nvme", g, kPiecedSubGroup});
+  c.push_back({3, "nvme", "cpu", "auto", kPiecedSubGroup});
   return c;
 }
 
 inline std::string ComboName(const Combo& c) {
   return "stage" + std::to_string(c.stage) + "/opt=" + c.opt + "/param=" + c.param +
-         (std::string(c.grads) == "auto" ? "" : std::string("/grads=") + c.grads);
+         (std::string(c.grads) == "auto" ? "" : std::string("/grads=") + c.grads) +
+         (c.sub_group ? "/sub_group=" + std::to_string(c.sub_group) : "");
 }
 
 // A swap directory private to this run. Every rank must name the same one (the config
@@ -81,6 +92,7 @@ inline Config MakeConfig(const Combo& c, const std::string& extra_json = "") {
     j["zero_optimization"]["offload_param"] = {{"device", c.param}, {"nvme_path", swap}};
   }
   if (std::string(c.grads) != "auto") j["strata"]["gradients"] = c.grads;
+  if (c.sub_group) j["zero_optimization"]["sub_group_size"] = c.sub_group;
   if (!extra_json.empty()) j.merge_patch(nlohmann::json::parse(extra_json));
   auto cfg = ParseConfig(j);
   EXPECT_TRUE(cfg.ok()) << cfg.status().ToString() << "\n" << j.dump();

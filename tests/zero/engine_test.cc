@@ -89,6 +89,29 @@ Result<EngineLayoutInfo> PlanOnly(const Config& config, const zero::TrainSpec& s
   return t.engine->layout_info();
 }
 
+// The NVMe optimizer steps a shard in pieces: as many as sub_group_size asks for, and
+// never more than 16 MiB of state per piece whatever the chunk size.
+TEST(Engine, NvmeOptimizerPiecesFollowSubGroupSizeAndTheStateCap) {
+  zero::TrainSpec spec = SmallSpec(1);
+  auto whole = PlanOnly(MakeConfig({3, "nvme", "nvme"}), spec);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  EXPECT_EQ(whole->optimizer_pieces, 1) << "a small shard is one piece by default";
+  auto cut = PlanOnly(MakeConfig({3, "nvme", "nvme", "auto", kPiecedSubGroup}), spec);
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  EXPECT_GT(cut->optimizer_pieces, 1);
+  EXPECT_EQ(cut->optimizer_piece_elems % 1024, 0) << "pieces start 4 KiB-aligned";
+  EXPECT_GE(cut->optimizer_piece_elems * cut->optimizer_pieces, cut->shard_elems);
+  EXPECT_LT(cut->optimizer_piece_elems * (cut->optimizer_pieces - 1), cut->shard_elems);
+  // A 1536 x 1536 layer: 28 MB of master | m | v in one chunk, so two pieces.
+  spec.model.input_dim = 1536;
+  spec.model.hidden = {1536};
+  auto big = PlanOnly(MakeConfig({3, "nvme", "nvme"}, R"({"strata": {"chunk_size": "16MiB"}})"), spec);
+  ASSERT_TRUE(big.ok()) << big.status().ToString();
+  EXPECT_EQ(big->optimizer_pieces, 2);
+  EXPECT_LE(big->optimizer_piece_elems * 12, 16 << 20);
+  EXPECT_EQ(big->optimizer_staging_sets, 2) << "one chunk of two pieces never uses more than two sets";
+}
+
 // strata.gradients "auto": a host budget that cannot hold one fp32 gradient shard per
 // chunk puts them on NVMe instead of refusing, and training still equals the reference.
 TEST(Engine, AutoMovesGradientsToNvmeWhenTheHostBudgetIsShort) {

@@ -1,0 +1,252 @@
+// The NVMe optimizer step (offload_optimizer nvme): a chunk's master | m | v live in NVMe
+// slots, one per piece and version, and are stepped piece by piece through a pool of
+// pinned staging sets: reads run ahead (the rest of this chunk, then the chunks the
+// backward finishes next), a piece steps, and its new state is written behind to the
+// chunk's other version. A step's result becomes current only when every piece of it is
+// on disk and the step is committed, so a failure part-way loses nothing.
+//
+// Buffers come back to their pools only when the I/O on them is done: a read's set when
+// the step takes it (or DropNvmeReads), a write's when ReclaimNvmeWrites sees it
+// complete, TakeOptStaging / TakeOut16Staging need it, or WaitNvmeWrites waits for it.
+#include <chrono>
+#include <string>
+
+#include "zero/engine_impl.h"
+
+namespace strata {
+
+namespace {
+
+// The oldest write's buffer once it is on disk; its error if it failed (it stays queued
+// for WaitNvmeWrites, which returns the buffer).
+Result<void*> ReuseOldest(std::deque<Engine::Impl::NvmeWrite>& writes) {
+  Engine::Impl::NvmeWrite& w = writes.front();
+  STRATA_RETURN_IF_ERROR(w.Wait());
+  void* buf = w.buf;
+  writes.pop_front();
+  return buf;
+}
+
+}  // namespace
+
+Result<float*> Engine::Impl::TakeOptStaging() {
+  if (void* p = opt_staging.TryTake()) return static_cast<float*>(p);
+  if (!nvme_writes.empty()) {
+    STRATA_ASSIGN_OR_RETURN(void* p, ReuseOldest(nvme_writes));
+    return static_cast<float*>(p);
+  }
+  // Every set is in a read ahead, which only this thread consumes: a bug, not a wait.
+  return InternalError("engine: no NVMe staging set is free and none is being written (" +
+                       std::to_string(nvme_reads.size()) + " reads ahead hold them all)");
+}
+
+Result<void*> Engine::Impl::TakeOut16Staging() {
+  if (void* p = out16_staging.TryTake()) return p;
+  if (!param_writes.empty()) return ReuseOldest(param_writes);
+  return InternalError("engine: no parameter staging buffer is free and none is being written");
+}
+
+Status Engine::Impl::IssueNvmeRead(int chunk, int piece) {
+  STRATA_ASSIGN_OR_RETURN(float* buf, TakeOptStaging());
+  const OptChunk& o = opt[chunk];
+  auto rd = opt_store->Read(o.slot[o.current][piece], buf, PieceBytes(piece));
+  if (!rd.ok()) {
+    opt_staging.Give(buf);
+    return rd.status();
+  }
+  nvme_reads[PieceKey(chunk, piece)] = NvmeRead{buf, *rd};
+  return OkStatus();
+}
+
+void Engine::Impl::ReclaimNvmeWrites() {
+  auto reclaim = [](std::deque<NvmeWrite>& writes, Pool& pool) {
+    while (!writes.empty() && writes.front().handle.Poll()) {
+      if (!writes.front().Wait().ok()) return;  // kept for WaitNvmeWrites to report
+      pool.Give(writes.front().buf);
+      writes.pop_front();
+    }
+  };
+  reclaim(nvme_writes, opt_staging);
+  reclaim(param_writes, out16_staging);
+}
+
+Status Engine::Impl::WaitNvmeWrites() {
+  Status first;
+  auto drain = [&first](std::deque<NvmeWrite>& writes, Pool& pool) {
+    while (!writes.empty()) {
+      Status st = writes.front().Wait();
+      if (first.ok() && !st.ok()) first = st;
+      pool.Give(writes.front().buf);
+      writes.pop_front();
+    }
+  };
+  drain(nvme_writes, opt_staging);
+  drain(param_writes, out16_staging);
+  return first;
+}
+
+Status Engine::Impl::DropNvmeReads() {
+  Status first;
+  for (auto& [key, r] : nvme_reads) {
+    Status st = r.handle.Wait();  // the buffer is the engine's again only once the read is done
+    opt_staging.Give(r.buf);
+    if (first.ok() && !st.ok()) first = st;
+  }
+  nvme_reads.clear();
+  return first;
+}
+
+Status Engine::Impl::ReadAhead(int chunk, int first_piece, int next_chunk, bool descending) {
+  ReclaimNvmeWrites();
+  // Two sets stay for the piece that steps and its write; with only two, one read ahead.
+  const int limit = std::max(opt_staging_count - 2, std::min(opt_staging_count - 1, 1));
+  int in_flight = static_cast<int>(nvme_reads.size());
+  auto issue = [&](int c, int p) -> Result<bool> {
+    if (nvme_reads.count(PieceKey(c, p))) return true;
+    if (in_flight >= limit) return false;
+    void* free_set = opt_staging.TryTake();  // never wait for a write here
+    if (free_set == nullptr) return false;
+    opt_staging.Give(free_set);  // IssueNvmeRead takes it again; only this thread takes sets now
+    STRATA_RETURN_IF_ERROR(IssueNvmeRead(c, p));
+    ++in_flight;
+    return true;
+  };
+  for (int p = first_piece; p < pieces; ++p) {
+    STRATA_ASSIGN_OR_RETURN(bool more, issue(chunk, p));
+    if (!more) return OkStatus();
+  }
+  for (int c = next_chunk; c >= 0; c = descending ? c - 1 : -1) {
+    for (int p = 0; p < pieces; ++p) {
+      STRATA_ASSIGN_OR_RETURN(bool more, issue(c, p));
+      if (!more) return OkStatus();
+    }
+  }
+  return OkStatus();
+}
+
+Status Engine::Impl::StepPieceNvme(int chunk, int piece, float grad_scale, bool speculative, int next_chunk,
+                                   const float* grad, void* out) {
+  OptChunk& o = opt[chunk];
+  const int64_t n = PieceElems(piece);
+  const std::string name = "chunk " + std::to_string(chunk) + " piece " + std::to_string(piece);
+  int64_t t0 = NowNs();
+  const auto wait_start = std::chrono::steady_clock::now();
+  const int key = PieceKey(chunk, piece);
+  if (!nvme_reads.count(key)) STRATA_RETURN_IF_ERROR(IssueNvmeRead(chunk, piece));
+  NvmeRead r = nvme_reads[key];
+  nvme_reads.erase(key);
+  float* st = r.buf;
+  Status s = r.handle.Wait();
+  io_busy_ns += NowNs() - t0;
+  Span(track_nvme, "wait read " + name, wait_start, PieceBytes(piece));
+  // The piece's read wait, Adam and issuing its write, on the optimizer lane.
+  struct StepSpan {
+    Impl* s;
+    std::string name;
+    std::chrono::steady_clock::time_point begin;
+    ~StepSpan() { s->Span(s->track_optimizer, name, begin); }
+  } step_span{this, (speculative ? "step (speculative) " : "step ") + name, wait_start};
+  if (s.ok()) bytes_nvme_read += PieceBytes(piece);
+  // Backward finishes chunks in descending order; Step() names the next one it steps.
+  if (s.ok() && overlap) s = ReadAhead(chunk, piece + 1, next_chunk, /*descending=*/speculative);
+  if (s.ok()) {
+    AdamParams p = adam;
+    p.grad_scale = grad_scale;
+    t0 = NowNs();
+    s = RunAdamOn(p, st, n, grad, compute, out, speculative ? &speculation_arena : nullptr);
+    opt_busy_ns += NowNs() - t0;
+  }
+  if (s.ok()) {
+    // Written behind to the version that is not current.
+    auto wr = opt_store->Write(o.slot[1 - o.current][piece], st, PieceBytes(piece));
+    if (wr.ok()) {
+      bytes_nvme_written += PieceBytes(piece);
+      nvme_writes.push_back(NvmeWrite{*wr, st, "writing optimizer state to NVMe"});
+      return OkStatus();
+    }
+    s = wr.status();
+  }
+  opt_staging.Give(st);
+  return s.WithContext("NVMe optimizer step of " + name);
+}
+
+Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative, int next_chunk,
+                                   const float* grad) {
+  OptChunk& o = opt[chunk];
+  // Gradients on NVMe are read back (one read for all pieces, in flight while the first
+  // piece's state arrives) unless the caller holds the shard.
+  const bool read_grad = grad == nullptr && grad_tier == ZeroTier::kNvme;
+  if (read_grad && !o.grad_on_disk) {
+    return InternalError(
+        "engine: chunk " + std::to_string(chunk) +
+        " must be stepped from its gradient on NVMe, which was not written (a speculative step "
+        "was expected to use it)");
+  }
+  float* grad_buf = nullptr;
+  IoHandle grad_read;
+  if (read_grad) {
+    grad_buf = static_cast<float*>(grad_host.Take());
+    auto rd = grad_store->Read(o.grad_slot, grad_buf, grad_slot_bytes);
+    if (!rd.ok()) {
+      grad_host.Give(grad_buf);
+      return rd.status().WithContext("reading the gradient shard of chunk " + std::to_string(chunk));
+    }
+    grad_read = *rd;
+    grad = grad_buf;
+  }
+  if (grad == nullptr) grad = o.grad;
+  bool on_host = true;
+  void* out = nullptr;
+  Status s;
+  if (publish_behind) {
+    auto taken = TakeOut16Staging();
+    if (taken.ok())
+      out = *taken;
+    else
+      s = taken.status();
+  } else {
+    out = Out16Target(chunk, &on_host);
+  }
+  if (s.ok() && read_grad) {
+    const int64_t t0 = NowNs();
+    s = grad_read.Wait().WithContext("reading the gradient shard of chunk " + std::to_string(chunk));
+    io_busy_ns += NowNs() - t0;
+    if (s.ok()) bytes_nvme_read += grad_slot_bytes;
+  }
+  for (int p = 0; s.ok() && p < pieces; ++p) {
+    s = StepPieceNvme(chunk, p, grad_scale, speculative, next_chunk, grad + p * piece_elems,
+                      static_cast<uint8_t*>(out) + p * piece_elems * csize);
+  }
+  if (read_grad) {
+    if (!s.ok()) (void)grad_read.Wait();  // the buffer must be quiet before reuse
+    grad_host.Give(grad_buf);
+  }
+  if (publish_behind) {
+    if (s.ok()) {
+      auto pw = param_store->Write(param_shard[chunk].slot, out, opt_elems * csize);
+      if (pw.ok()) {
+        bytes_nvme_written += opt_elems * csize;
+        param_writes.push_back(NvmeWrite{*pw, out, "writing parameters to NVMe"});
+        out = nullptr;
+      } else {
+        s = pw.status();
+      }
+    }
+    if (out != nullptr) out16_staging.Give(out);
+  } else if (out != nullptr) {
+    if (s.ok()) s = PublishParams(chunk, out, on_host);
+    if (on_host) param_staging.Give(out);
+  }
+  if (!s.ok()) return s.WithContext("NVMe optimizer step of chunk " + std::to_string(chunk));
+  if (!overlap) STRATA_RETURN_IF_ERROR(WaitNvmeWrites());
+  if (speculative) {
+    o.has_pending = true;
+    o.speculated = true;
+    ++speculative_count;
+  } else {
+    o.current = 1 - o.current;  // commit: readers wait for the writes before reading it
+  }
+  return OkStatus();
+}
+
+}  // namespace strata
