@@ -16,6 +16,10 @@
 #include "engine_checks.h"
 
 namespace strata::testing {
+
+// How GoogleTest (and so ctest's test list) shows a combination.
+void PrintTo(const Combo& c, std::ostream* os) { *os << ComboName(c); }
+
 namespace {
 
 constexpr double kCudaAtol = 1e-4, kCudaRtol = 1e-3, kCudaLossRtol = 1e-4;
