@@ -4,6 +4,7 @@
 //
 // Usage (one engine per rank, every rank the same calls in the same order):
 //   auto engine = Engine::Create(config, modules, init, {.world = comm, .device = dev});
+//   model::Mlp model(spec, engine->model_backend(), engine->model_stream());
 //   for each step:
 //     for each micro-batch (gradient_accumulation_steps of them):
 //       model.ForwardBackward(batch, normaliser, *engine);   // calls the hooks below
@@ -159,9 +160,9 @@ class Engine : public model::MlpHooks {
   DType compute_dtype() const;
   // How the model must run its kernels on the engine's device: model::Backend::kCpu on
   // sim (the hooks hand out host-addressable memory), kCuda on a GPU, with
-  // model_stream() (a cudaStream_t as void*; nullptr on sim) as the Mlp's stream: the
-  // After* hooks synchronize that stream before the engine touches what the module's
-  // kernels read or wrote.
+  // model_stream() (a cudaStream_t as void*; nullptr on sim) as the Mlp's stream:
+  // AfterBackward (and at stage 3 AfterForward) synchronizes that stream before the
+  // engine touches what the module's kernels read or wrote.
   model::Backend model_backend() const;
   void* model_stream() const;
   const EngineLayoutInfo& layout_info() const;
