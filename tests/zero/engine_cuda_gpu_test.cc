@@ -13,6 +13,11 @@
 // Adam step. 16-bit compute copies as in the sim tests (engine_checks.h): a flipped
 // rounding of a 16-bit copy moves an element by up to one step per step, so those
 // runs are compared at loss rtol 2e-3 and atol 2 lr.
+#include <sys/vfs.h>
+
+#include <cstdlib>
+#include <filesystem>
+
 #include "engine_checks.h"
 
 namespace strata::testing {
@@ -23,6 +28,19 @@ void PrintTo(const Combo& c, std::ostream* os) { *os << ComboName(c); }
 namespace {
 
 constexpr double kCudaAtol = 1e-4, kCudaRtol = 1e-3, kCudaLossRtol = 1e-4;
+
+// The NVMe combinations need a file system with O_DIRECT, and a GPU machine's /tmp may
+// be tmpfs: then the swap folder (SwapDir, under TMPDIR) goes in the working directory
+// (ctest runs the test in the build folder).
+const bool kSwapOnDisk = [] {
+  constexpr long kTmpfsMagic = 0x01021994;
+  struct statfs fs;
+  if (std::getenv("TMPDIR") == nullptr && statfs("/tmp", &fs) == 0 &&
+      static_cast<long>(fs.f_type) == kTmpfsMagic) {
+    setenv("TMPDIR", std::filesystem::current_path().c_str(), 1);
+  }
+  return true;
+}();
 
 std::unique_ptr<Communicator>& WorldPtr() {
   static std::unique_ptr<Communicator> world;
@@ -93,7 +111,8 @@ INSTANTIATE_TEST_SUITE_P(EveryStageAndOffload, EngineCudaTest, ::testing::Values
 
 // The 16-bit combinations: the optimizer on the device writing the compute copy in
 // place (stage 1) and through device staging to the shards (stage 3), and on the host.
-const Combo k16BitCombos[] = {{1, "none", "none"}, {3, "none", "none"}, {3, "cpu", "cpu"}, {3, "nvme", "nvme"}};
+const Combo k16BitCombos[] = {
+    {1, "none", "none"}, {3, "none", "none"}, {3, "cpu", "cpu"}, {3, "nvme", "nvme"}};
 
 TEST_F(EngineCudaTest, Bf16MatchesTheReference) {
   const zero::TrainSpec spec = SmallSpec(20);
@@ -111,7 +130,8 @@ TEST_F(EngineCudaTest, Bf16MatchesTheReference) {
 // in the reference, and the scale backs off.
 TEST_F(EngineCudaTest, Fp16MatchesTheReference) {
   const zero::TrainSpec spec = SmallSpec(20);
-  const std::string extra = R"({"fp16": {"enabled": true, "initial_scale_power": 24, "loss_scale_window": 4}})";
+  const std::string extra =
+      R"({"fp16": {"enabled": true, "initial_scale_power": 24, "loss_scale_window": 4}})";
   auto ref = zero::TrainReference(MakeConfig({0, "none", "none"}, extra), spec, 1);
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
   int skipped = 0;

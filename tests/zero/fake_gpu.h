@@ -31,7 +31,9 @@ class FakeGpu final : public Device {
   void* NativeStream(StreamId) const override { return nullptr; }
 
  private:
-  static Status Refuse() { return FailedPreconditionError("fake GPU: the engine was expected to stop before this"); }
+  static Status Refuse() {
+    return FailedPreconditionError("fake GPU: the engine was expected to stop before this");
+  }
 };
 
 }  // namespace strata::testing
