@@ -4,6 +4,7 @@
 //
 // Usage (one engine per rank, every rank the same calls in the same order):
 //   auto engine = Engine::Create(config, modules, init, {.world = comm, .device = dev});
+//   model::Mlp model(spec, engine->model_backend(), engine->model_stream());
 //   for each step:
 //     for each micro-batch (gradient_accumulation_steps of them):
 //       model.ForwardBackward(batch, normaliser, *engine);   // calls the hooks below
@@ -77,6 +78,16 @@ using ParamInit = std::function<void(int module, int tensor, int64_t begin, int6
 struct EngineResources {
   Communicator* world = nullptr;  // required; host (MPI) collectives and bootstrap
   Device* device = nullptr;       // required
+  // Collectives on device memory (gradient reduction, parameter gathers) with a CUDA
+  // device: a device (NCCL) communicator over the same ranks as `world`, same rank
+  // order (CreateNcclCommunicator(*world, ...)). Required on cuda when world has more
+  // than one rank (Create says so, InvalidArgument, when it is missing, is not a device
+  // communicator, or does not match world); unused at world size 1, where the engine
+  // issues no device collective, and with the sim device, whose memory is host memory
+  // (world serves). Borrowed: it must outlive the engine, and only the engine's comm
+  // thread issues collectives on it while the engine lives. Host-tier traffic and the
+  // engine's small host collectives always go through `world`.
+  Communicator* device_comm = nullptr;
   // Optional; the engine makes its own from strata.host_budget when null.
   HostArena* host_arena = nullptr;
   // Optional; records compute, collectives, copies, I/O and optimizer work.
@@ -126,7 +137,8 @@ class Engine : public model::MlpHooks {
   // the same config and modules; a mismatch is InvalidArgument naming the first
   // differing key). Errors: InvalidArgument (config/layout), OutOfBudget (a tier that
   // cannot hold what the configuration needs), Unavailable (missing device or MPI),
-  // IoError/ResourceExhausted (swap files).
+  // IoError/ResourceExhausted (swap files); Unavailable for a CUDA device in a build
+  // without CUDA.
   static Result<std::unique_ptr<Engine>> Create(const Config& config, std::vector<model::ModuleSpec> modules,
                                                 const ParamInit& init, const EngineResources& resources);
   ~Engine() override;
@@ -152,6 +164,13 @@ class Engine : public model::MlpHooks {
   // The loss scale the model must multiply its loss by (1 unless fp16).
   double loss_scale() const;
   DType compute_dtype() const;
+  // How the model must run its kernels on the engine's device: model::Backend::kCpu on
+  // sim (the hooks hand out host-addressable memory), kCuda on a GPU, with
+  // model_stream() (a cudaStream_t as void*; nullptr on sim) as the Mlp's stream:
+  // AfterBackward (and at stage 3 AfterForward) synchronizes that stream before the
+  // engine touches what the module's kernels read or wrote.
+  model::Backend model_backend() const;
+  void* model_stream() const;
   const EngineLayoutInfo& layout_info() const;
 
   // Copies the full fp32 master parameters (gathered from all ranks, every tier) of

@@ -73,10 +73,16 @@ Status Mlp::Upload(const Batch& batch) {
   STRATA_RETURN_IF_ERROR(cuda::CopyToDevice(acts_[0].ptr, batch.x.data(), batch.x.size() * sizeof(float)));
   if (spec_.loss == LossKind::kMse) {
     STRATA_RETURN_IF_ERROR(Ensure(targets_, n * spec_.output_dim));
-    return cuda::CopyToDevice(targets_.ptr, batch.targets.data(), batch.targets.size() * sizeof(float));
+    STRATA_RETURN_IF_ERROR(
+        cuda::CopyToDevice(targets_.ptr, batch.targets.data(), batch.targets.size() * sizeof(float)));
+    // A pageable cudaMemcpy may return before its DMA has landed, and a non-blocking
+    // stream (the engine's) does not wait for the legacy stream it ran on.
+    return cuda::StreamSynchronize(nullptr);
   }
   STRATA_RETURN_IF_ERROR(Ensure(labels_, n));
-  return cuda::CopyToDevice(labels_.ptr, batch.labels.data(), batch.labels.size() * sizeof(int32_t));
+  STRATA_RETURN_IF_ERROR(
+      cuda::CopyToDevice(labels_.ptr, batch.labels.data(), batch.labels.size() * sizeof(int32_t)));
+  return cuda::StreamSynchronize(nullptr);  // as for the targets
 }
 
 Result<double> Mlp::Run(const Batch& batch, double normaliser, MlpHooks& hooks, bool backward) {

@@ -64,6 +64,31 @@ void ToCompute(const float* src, int64_t n, DType dtype, void* dst) {
   }
 }
 
+// The communicator for collectives on device buffers (EngineResources::device_comm).
+Result<Communicator*> ChooseDeviceComm(const EngineResources& res) {
+  if (res.device->host_accessible()) return res.world;  // sim: device memory is host memory
+  const int n = res.world->size();
+  Communicator* d = res.device_comm;
+  if (d == nullptr) {
+    if (n == 1) return nullptr;  // one rank: every device collective would be a no-op
+    return InvalidArgumentError(
+        "engine: EngineResources.device_comm is required to train on " + res.device->name() + " with " +
+        std::to_string(n) + " ranks (the gradients and parameters on the GPU are reduced and gathered there); "
+        "create one with CreateNcclCommunicator(world, NcclOptions{.device = <the CUDA index>}, ...) and pass it");
+  }
+  if (d->memory_space() != MemorySpace::kDevice) {
+    return InvalidArgumentError("engine: EngineResources.device_comm must be a device (NCCL) communicator; '" +
+                                d->name() + "' is " + std::string(d->backend()) + " (host buffers)");
+  }
+  if (d->size() != n || d->rank() != res.world->rank()) {
+    return InvalidArgumentError("engine: EngineResources.device_comm '" + d->name() + "' is rank " +
+                                std::to_string(d->rank()) + " of " + std::to_string(d->size()) +
+                                ", but world is rank " + std::to_string(res.world->rank()) + " of " +
+                                std::to_string(n) + "; make it from the same world");
+  }
+  return n == 1 ? nullptr : d;
+}
+
 }  // namespace
 
 void* Engine::Impl::Pool::Take() {
@@ -147,19 +172,16 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, std::vector
                                                const ParamInit& init, const EngineResources& res) {
   if (res.world == nullptr) return InvalidArgumentError("engine: EngineResources.world is required");
   if (res.device == nullptr) return InvalidArgumentError("engine: EngineResources.device is required");
-  if (!res.device->host_accessible()) {
-    return UnimplementedError(
-        "engine: training on a CUDA device is not built yet (the engine's kernels run on the CPU); "
-        "use strata.device \"sim\" (--device sim)");
-  }
   if (res.world->memory_space() != MemorySpace::kHost) {
     return InvalidArgumentError("engine: EngineResources.world must be a host (MPI) communicator");
   }
+  STRATA_ASSIGN_OR_RETURN(Communicator * device_comm, ChooseDeviceComm(res));
   auto impl = std::make_unique<Impl>();
   Impl& s = *impl;
   s.config = config;
   s.modules = std::move(modules);
   s.world = res.world;
+  s.device_comm = device_comm;
   s.device = res.device;
   s.arena = res.host_arena;
   s.timeline = res.timeline;
@@ -220,6 +242,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, std::vector
   STRATA_ASSIGN_OR_RETURN(s.h2d, s.device->CreateStream("engine-h2d"));
   STRATA_ASSIGN_OR_RETURN(s.d2h, s.device->CreateStream("engine-d2h"));
   STRATA_ASSIGN_OR_RETURN(s.compute_stream, s.device->CreateStream("engine-compute"));
+  STRATA_ASSIGN_OR_RETURN(s.ops, zero::CreateDeviceOps(*s.device, s.compute_stream));
   STRATA_RETURN_IF_ERROR(s.Init(init));
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
@@ -267,6 +290,8 @@ Status Engine::Impl::AllocateMemory() {
     if (param_tier == ZeroTier::kNvme) nvme += n_chunks * Align4K(shard16);
   }
   if (stage == 3 || opt_tier != ZeroTier::kDevice) host += kParamStaging * Align4K(opt_elems * csize);
+  const bool out16_on_device = stage == 3 && opt_tier == ZeroTier::kDevice && !device->host_accessible();
+  if (out16_on_device) dev += opt_elems * csize;
   switch (opt_tier) {
     case ZeroTier::kDevice: dev += n_chunks * (3 * opt_bytes + opt_bytes); break;
     case ZeroTier::kHost: host += n_chunks * (opt_set_bytes + Align4K(opt_bytes)); break;
@@ -406,12 +431,16 @@ Status Engine::Impl::AllocateMemory() {
   // Device tier.
   for (int i = 0; i < grad_buffers; ++i) {
     STRATA_ASSIGN_OR_RETURN(void* p, DeviceAlloc(l.chunk_elems * 4, "gradient buffers"));
-    std::memset(p, 0, l.chunk_elems * 4);  // padding must read as zero in every reduce
+    // Padding must read as zero in every reduce.
+    STRATA_RETURN_IF_ERROR(ops->Zero(zero::OpsLane::kTraining, p, l.chunk_elems * 4));
     grad_pool.free.push_back(p);
   }
   {
     STRATA_ASSIGN_OR_RETURN(void* p, DeviceAlloc(recv_elems * 4, "reduce staging"));
     reduce_recv = static_cast<float*>(p);
+  }
+  if (out16_on_device) {
+    STRATA_ASSIGN_OR_RETURN(out16_device, DeviceAlloc(opt_elems * csize, "optimizer output staging"));
   }
   if (stage < 3) {
     STRATA_ASSIGN_OR_RETURN(param_full, DeviceAlloc(n_chunks * chunk16, "compute parameters"));
@@ -447,7 +476,11 @@ Status Engine::Impl::AllocateMemory() {
         o.grad = static_cast<float*>(g);
       }
     }
-    if (o.grad) std::memset(o.grad, 0, opt_bytes);
+    if (o.grad && grad_tier == ZeroTier::kDevice) {
+      STRATA_RETURN_IF_ERROR(ops->Zero(zero::OpsLane::kTraining, o.grad, opt_bytes));
+    } else if (o.grad) {
+      std::memset(o.grad, 0, opt_bytes);
+    }
   }
   for (int i = 0; i < spares; ++i) {
     STRATA_ASSIGN_OR_RETURN(void* p, opt_tier == ZeroTier::kDevice ? DeviceAlloc(3 * opt_bytes, "speculation spares")
@@ -579,6 +612,8 @@ Status Engine::Impl::InitParams(const ParamInit& init) {
 
 double Engine::loss_scale() const { return impl_->scaler->scale(); }
 DType Engine::compute_dtype() const { return impl_->compute; }
+model::Backend Engine::model_backend() const { return impl_->ops->model_backend(); }
+void* Engine::model_stream() const { return impl_->ops->model_stream(); }
 const EngineLayoutInfo& Engine::layout_info() const { return impl_->info; }
 
 }  // namespace strata

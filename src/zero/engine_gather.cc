@@ -85,7 +85,9 @@ void Engine::Impl::StartGather(int chunk) {
     STRATA_RETURN_IF_ERROR(fetched.get());
     int64_t t0 = NowNs();
     const auto span_start = std::chrono::steady_clock::now();
-    Status st = world->AllGather(mine, g.buf, layout.shard_elems, compute).Wait();
+    // No device communicator (cuda, one rank): the shard is the whole chunk, in place.
+    Status st = device_comm == nullptr ? OkStatus()
+                                       : device_comm->AllGather(mine, g.buf, layout.shard_elems, compute).Wait();
     comm_busy_ns += NowNs() - t0;
     Span(track_comm, "all-gather chunk " + std::to_string(chunk), span_start, layout.chunk_elems * csize);
     bytes_comm += layout.chunk_elems * csize;

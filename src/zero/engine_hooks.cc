@@ -5,10 +5,8 @@
 // it; that order depends only on the model and the configuration, so it is the same
 // on every rank (which is what makes the collectives match).
 #include <chrono>
-#include <cstring>
 
 #include "strata/grad_stats.h"
-#include "strata/half.h"
 #include "strata/log.h"
 #include "zero/engine_impl.h"
 
@@ -58,7 +56,11 @@ Status Engine::AfterForward(int module) {
   Impl& s = *impl_;
   STRATA_RETURN_IF_ERROR(s.CheckModule(module));
   s.Span(s.track_compute, "forward " + s.modules[module].name, s.module_start);
-  if (s.stage == 3) s.ReleaseGathered(module, s.ForwardPos(module));
+  if (s.stage == 3) {
+    // A released gather buffer may be refilled at once: the module's kernels must be done.
+    STRATA_RETURN_IF_ERROR(s.ops->WaitForModel());
+    s.ReleaseGathered(module, s.ForwardPos(module));
+  }
   return OkStatus();
 }
 
@@ -73,7 +75,13 @@ Result<model::ModuleBackward> Engine::BeforeBackward(int module) {
     if (s.grad_bufs.count(c)) continue;
     // Blocks only until an earlier chunk's reduction hands its buffer back.
     auto* g = static_cast<float*>(s.grad_pool.Take());
-    for (auto [lo, hi] : s.layout.chunk_gaps[c]) std::memset(g + lo, 0, (hi - lo) * 4);
+    for (auto [lo, hi] : s.layout.chunk_gaps[c]) {
+      Status z = s.ops->Zero(zero::OpsLane::kTraining, g + lo, (hi - lo) * 4);
+      if (!z.ok()) {
+        s.grad_pool.Give(g);
+        return z;
+      }
+    }
     s.grad_bufs[c] = g;
     s.chunk_pending_modules[c] = s.layout.chunk_module_count[c];
   }
@@ -89,6 +97,9 @@ Status Engine::AfterBackward(int module) {
   Impl& s = *impl_;
   STRATA_RETURN_IF_ERROR(s.CheckModule(module));
   s.Span(s.track_compute, "backward " + s.modules[module].name, s.module_start);
+  // The reductions below read the module's gradients; a released gather buffer may be
+  // refilled at once.
+  STRATA_RETURN_IF_ERROR(s.ops->WaitForModel());
   if (s.stage == 3) s.ReleaseGathered(module, s.BackwardPos(module));
   for (int c : s.layout.module_chunks[module]) {
     if (--s.chunk_pending_modules[c] > 0) continue;
@@ -114,23 +125,27 @@ Status Engine::AfterBackward(int module) {
 // rank's part to its gradient shard on the optimizer's tier.
 Status Engine::Impl::ReduceChunk(int chunk, float* grad, int micro_batch_index, bool last_micro_batch) {
   const int64_t chunk_elems = layout.chunk_elems;
+  Status st;
   if (compute == DType::kFp16) {
     // fp16 training reduces fp16 gradients: values past the fp16 range become inf here,
     // which is the overflow the loss scaler reacts to.
-    for (int64_t i = 0; i < chunk_elems; ++i) grad[i] = Fp16ToFloat(FloatToFp16(grad[i]));
+    st = ops->RoundThroughFp16(zero::OpsLane::kReduce, grad, chunk_elems);
+    if (!st.ok()) {
+      grad_pool.Give(grad);
+      return st.WithContext("reducing the gradients of chunk " + std::to_string(chunk));
+    }
   }
   int64_t t0 = NowNs();
   const auto span_start = std::chrono::steady_clock::now();
-  Status st;
   const float* part;
   if (world_size == 1) {
     part = grad + opt_offset;
   } else if (stage <= 1) {
-    st = world->AllReduce(grad, reduce_recv, chunk_elems, DType::kF32, ReduceOp::kSum).Wait();
+    st = device_comm->AllReduce(grad, reduce_recv, chunk_elems, DType::kF32, ReduceOp::kSum).Wait();
     part = reduce_recv + opt_offset;
     bytes_comm += chunk_elems * 4;
   } else {
-    st = world->ReduceScatter(grad, reduce_recv, layout.shard_elems, DType::kF32, ReduceOp::kSum).Wait();
+    st = device_comm->ReduceScatter(grad, reduce_recv, layout.shard_elems, DType::kF32, ReduceOp::kSum).Wait();
     part = reduce_recv;
     bytes_comm += chunk_elems * 4;
   }
@@ -145,7 +160,9 @@ Status Engine::Impl::ReduceChunk(int chunk, float* grad, int micro_batch_index, 
     st = CopyToHost(host_recv, part, opt_elems * 4);
     part = host_recv;
   }
-  if (st.ok()) {
+  if (st.ok() && grad_tier == ZeroTier::kDevice) {
+    st = ops->Accumulate(zero::OpsLane::kReduce, opt[chunk].grad, part, opt_elems);
+  } else if (st.ok()) {
     float* dst = opt[chunk].grad;
     for (int64_t i = 0; i < opt_elems; ++i) dst[i] += part[i];
   }

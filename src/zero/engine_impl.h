@@ -26,6 +26,7 @@
 #include "strata/loss_scaler.h"
 #include "strata/nvme_store.h"
 #include "strata/timeline.h"
+#include "zero/device_ops.h"
 #include "zero/layout.h"
 #include "zero/serial_worker.h"
 
@@ -46,7 +47,13 @@ struct Engine::Impl {
   std::vector<model::ModuleSpec> modules;
   zero::Layout layout;
   Communicator* world = nullptr;
+  // Collectives on device buffers: world on sim (its memory is host memory), the NCCL
+  // communicator (EngineResources::device_comm) on cuda; null on cuda at world size 1,
+  // where the engine issues no device collective (the data is already in place).
+  Communicator* device_comm = nullptr;
   Device* device = nullptr;
+  // Arithmetic and copies on device memory (device_ops.h).
+  std::unique_ptr<zero::DeviceOps> ops;
   HostArena* arena = nullptr;
   std::unique_ptr<HostArena> own_arena;
   std::unique_ptr<IoEngine> io;
@@ -77,6 +84,9 @@ struct Engine::Impl {
 
   // --- memory ---
   void* param_full = nullptr;   // stages 0-2: every chunk's compute copy, on the device
+  // Stage 3 with the optimizer on a device the host cannot address (cuda): the device
+  // Adam's compute copy lands here before it goes to pinned staging (Out16Target).
+  void* out16_device = nullptr;
   std::vector<void*> device_allocs;
   std::vector<HostBlock> host_blocks;
 

@@ -35,8 +35,7 @@ Status Engine::Impl::PublishParams(int chunk, const void* src, bool from_host) {
   switch (param_tier) {
     case ZeroTier::kDevice:
       if (from_host) return CopyToDevice(param_shard[chunk].ptr, src, bytes);
-      std::memcpy(param_shard[chunk].ptr, src, bytes);
-      return OkStatus();
+      return ops->Copy(zero::OpsLane::kOptimizer, param_shard[chunk].ptr, src, bytes);
     case ZeroTier::kHost: std::memcpy(param_shard[chunk].ptr, src, bytes); return OkStatus();
     case ZeroTier::kNvme: {
       auto h = param_store->Write(param_shard[chunk].slot, src, bytes);
@@ -70,16 +69,27 @@ Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, in
   }
   int64_t t0 = NowNs();
   const auto span_start = std::chrono::steady_clock::now();
-  if (speculative) std::memcpy(st, o.state, 3 * opt_elems * 4);
+  if (speculative && opt_tier == ZeroTier::kDevice) {
+    Status c = ops->Copy(zero::OpsLane::kOptimizer, st, o.state, 3 * opt_elems * 4);
+    if (!c.ok()) {
+      std::lock_guard lock(spare_mu);
+      spare_states.push_back(st);
+      return c.WithContext("optimizer step of chunk " + std::to_string(chunk));
+    }
+  } else if (speculative) {
+    std::memcpy(st, o.state, 3 * opt_elems * 4);
+  }
   AdamParams p = adam;
   p.grad_scale = grad_scale;
   bool on_host;
   void* out = Out16Target(chunk, &on_host);
   Status s;
   if (opt_tier == ZeroTier::kDevice) {
-    // The device computes: on the sim device that is the CPU Adam on its compute stream.
-    s = device->Enqueue(compute_stream, [&] { return RunAdamOn(p, st, opt_elems, grad, compute, out, nullptr); });
-    if (s.ok()) s = device->Synchronize(compute_stream);
+    // A device that cannot write host memory computes into out16_device first. Only one
+    // thread steps at a time (the optimizer worker is drained before Step() steps).
+    void* dev_out = on_host && out16_device != nullptr ? out16_device : out;
+    s = ops->Adam(zero::OpsLane::kOptimizer, p, st, opt_elems, grad, compute, dev_out);
+    if (s.ok() && dev_out != out) s = ops->ReadToHost(zero::OpsLane::kOptimizer, out, dev_out, opt_elems * csize);
   } else {
     s = RunAdamOn(p, st, opt_elems, grad, compute, out, speculative ? &speculation_arena : nullptr);
   }
@@ -105,7 +115,10 @@ void Engine::Impl::MaybeSpeculate(int chunk, const float* grad, std::function<St
     Status s = [&]() -> Status {
       if (grad == nullptr) {
         const auto check_start = std::chrono::steady_clock::now();
-        auto stats = ComputeGradStats(GradView{opt[chunk].grad, DType::kF32}, opt_elems, &speculation_arena);
+        const GradShard shard{GradView{opt[chunk].grad, DType::kF32}, static_cast<size_t>(opt_elems)};
+        auto stats = grad_tier == ZeroTier::kDevice
+                         ? ops->ComputeStats(zero::OpsLane::kOptimizer, {&shard, 1}, &speculation_arena)
+                         : ComputeGradStats(GradView{opt[chunk].grad, DType::kF32}, opt_elems, &speculation_arena);
         Span(track_optimizer, "grad check (speculative) chunk " + std::to_string(chunk), check_start);
         if (!stats.ok()) return stats.status();
         if (stats->has_inf_nan) return OkStatus();  // this step will be skipped anyway
@@ -159,17 +172,23 @@ Status Engine::Impl::RestoreParams(int chunk) {
     STRATA_RETURN_IF_ERROR(WaitNvmeWrites());
     STRATA_RETURN_IF_ERROR(DropNvmeReads());
     STRATA_RETURN_IF_ERROR(ReadMaster(chunk, master.data()));
+  } else if (opt_tier == ZeroTier::kDevice) {
+    STRATA_RETURN_IF_ERROR(ops->ReadToHost(zero::OpsLane::kTraining, master.data(), o.state, opt_elems * 4));
   } else {
     std::memcpy(master.data(), o.state, opt_elems * 4);
   }
   bool on_host;
   void* out = Out16Target(chunk, &on_host);
+  // The compute copy is rounded on the host; off the host it goes up afterwards.
+  std::vector<uint8_t> staged(on_host ? 0 : opt_elems * csize);
+  void* rounded = on_host ? out : staged.data();
   if (compute == DType::kF32) {
-    std::memcpy(out, master.data(), opt_elems * 4);
+    std::memcpy(rounded, master.data(), opt_elems * 4);
   } else {
-    model::FromFloat(master.data(), opt_elems, compute, out);
+    model::FromFloat(master.data(), opt_elems, compute, rounded);
   }
-  Status s = PublishParams(chunk, out, on_host);
+  Status s = on_host ? OkStatus() : ops->WriteFromHost(zero::OpsLane::kTraining, out, rounded, opt_elems * csize);
+  if (s.ok()) s = PublishParams(chunk, out, on_host);
   if (on_host) param_staging.Give(out);
   return s;
 }
@@ -195,6 +214,7 @@ Result<GradStats> Engine::Impl::LocalGradStats() {
   }
   std::vector<GradShard> shards;
   for (const auto& o : opt) shards.push_back(GradShard{GradView{o.grad, DType::kF32}, static_cast<size_t>(opt_elems)});
+  if (grad_tier == ZeroTier::kDevice) return ops->ComputeStats(zero::OpsLane::kTraining, shards);
   return ComputeGradStats(shards);
 }
 
@@ -205,7 +225,7 @@ Status Engine::Impl::AllGatherParams() {
     uint8_t* chunk = static_cast<uint8_t*>(param_full) + c * layout.chunk_elems * csize;
     done.push_back(comm_worker.Submit([this, chunk] {
       int64_t t0 = NowNs();
-      Status s = world->AllGather(chunk + opt_offset * csize, chunk, layout.shard_elems, compute).Wait();
+      Status s = device_comm->AllGather(chunk + opt_offset * csize, chunk, layout.shard_elems, compute).Wait();
       comm_busy_ns += NowNs() - t0;
       bytes_comm += layout.chunk_elems * csize;
       return s;
@@ -300,7 +320,12 @@ Result<StepResult> Engine::Step() {
   r.speculative_steps = s.speculative_count.exchange(0);
   for (auto& o : s.opt) {
     o.speculated = false;
-    if (o.grad) std::memset(o.grad, 0, s.opt_elems * 4);  // nvme: the next first micro-batch overwrites
+    // nvme: the next first micro-batch overwrites.
+    if (o.grad && s.grad_tier == ZeroTier::kDevice) {
+      STRATA_RETURN_IF_ERROR(s.ops->Zero(zero::OpsLane::kTraining, o.grad, s.opt_elems * 4));
+    } else if (o.grad) {
+      std::memset(o.grad, 0, s.opt_elems * 4);
+    }
   }
   STRATA_RETURN_IF_ERROR(s.scaler->Update(overflow));
   s.micro_batch = 0;
@@ -330,6 +355,9 @@ Status Engine::GatherMaster(int module, int tensor, std::vector<float>* out) {
     if (s.opt_tier == ZeroTier::kNvme) {
       STRATA_RETURN_IF_ERROR(s.WaitNvmeWrites());
       STRATA_RETURN_IF_ERROR(s.ReadMaster(t.chunk, full.data() + s.opt_offset));
+    } else if (s.opt_tier == ZeroTier::kDevice) {
+      STRATA_RETURN_IF_ERROR(
+          s.ops->ReadToHost(zero::OpsLane::kTraining, full.data() + s.opt_offset, o.state, s.opt_elems * 4));
     } else {
       std::memcpy(full.data() + s.opt_offset, o.state, s.opt_elems * 4);
     }

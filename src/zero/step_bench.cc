@@ -31,6 +31,18 @@ Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const Tr
   };
   EngineResources res{&world, device.get()};
   res.timeline = timeline;
+  // On a GPU the engine reduces and gathers device buffers over NCCL (one rank needs no
+  // collective there). Declared before the engine, so it outlives it.
+  std::unique_ptr<Communicator> device_comm;
+  if (device->kind() == DeviceKind::kCuda && world.size() > 1) {
+    NcclOptions nopt;
+    nopt.device = config.strata.device_index;
+    CommOptions copt;
+    copt.name = "engine-nccl";
+    copt.collective_timeout_s = config.strata.collective_timeout_s;
+    STRATA_ASSIGN_OR_RETURN(device_comm, CreateNcclCommunicator(world, nopt, copt));
+    res.device_comm = device_comm.get();
+  }
   STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, modules, init, res));
   TrainSpec run_spec = spec;
   run_spec.steps = spec.steps + 1;  // one warm-up step records the pattern and touches memory

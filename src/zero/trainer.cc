@@ -45,7 +45,9 @@ class TimedHooks : public model::MlpHooks {
 }  // namespace
 
 Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Config& config, const TrainSpec& spec) {
-  model::Mlp mlp(spec.model);
+  // The model computes where the engine keeps its parameters (CPU kernels on sim, CUDA
+  // kernels on the engine's compute stream on a GPU).
+  model::Mlp mlp(spec.model, engine.model_backend(), engine.model_stream());
   model::SyntheticData data(spec.model, spec.data);
   model::Batch batch;
   TrainLog log;

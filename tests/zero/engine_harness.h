@@ -120,10 +120,12 @@ struct EngineRun {
   Status status;
 };
 
-inline EngineRun RunEngine(Communicator& world, const Config& config, const zero::TrainSpec& spec) {
+// kind: the engine's device (cuda: engine_cuda_gpu_test, one rank, no device communicator).
+inline EngineRun RunEngine(Communicator& world, const Config& config, const zero::TrainSpec& spec,
+                           DeviceKind kind = DeviceKind::kSim) {
   EngineRun run;
   DeviceOptions dopt;
-  dopt.kind = DeviceKind::kSim;
+  dopt.kind = kind;
   dopt.capacity = config.strata.device_budget;
   auto dev = CreateDevice(dopt);
   if (!dev.ok()) {

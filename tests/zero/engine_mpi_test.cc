@@ -1,5 +1,6 @@
 // The engine against the reference under mpirun -np 2 and -np 4 (label mpi).
 #include "engine_checks.h"
+#include "fake_gpu.h"
 
 namespace strata::testing {
 namespace {
@@ -22,6 +23,33 @@ TEST(EngineMpi, AccumulationEqualsLargerBatch) { CheckAccumulation(World()); }
 TEST(EngineMpi, ClippingMatchesTheReference) { CheckClipping(World()); }
 TEST(EngineMpi, Fp16OverflowStepsAreSkippedAsInTheReference) { CheckFp16Overflow(World()); }
 TEST(EngineMpi, Bf16MatchesTheReference) { CheckBf16(World()); }
+
+// On a GPU the gradients and parameters are reduced and gathered in device memory, which
+// the MPI world cannot take: Create refuses a missing or host device communicator by
+// name, before it touches the device (so a fake GPU serves, without a GPU).
+TEST(EngineMpi, CudaDeviceNeedsADeviceCommunicator) {
+  FakeGpu gpu;
+  const zero::TrainSpec spec = SmallSpec(1);
+  ParamInit init = [&](int m, int t, int64_t b, int64_t n, float* out) {
+    model::InitTensorSlice(spec.model, m, t, b, n, out);
+  };
+  const Config config = MakeConfig({2, "none", "none"});
+  auto missing = Engine::Create(config, model::MlpModules(spec.model), init, EngineResources{&World(), &gpu});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument) << missing.status().ToString();
+  EXPECT_NE(missing.status().message().find("EngineResources.device_comm is required"), std::string::npos)
+      << missing.status().message();
+  EXPECT_NE(missing.status().message().find("CreateNcclCommunicator"), std::string::npos)
+      << missing.status().message();
+
+  EngineResources host_comm{&World(), &gpu};
+  host_comm.device_comm = &World();
+  auto wrong = Engine::Create(config, model::MlpModules(spec.model), init, host_comm);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), StatusCode::kInvalidArgument) << wrong.status().ToString();
+  EXPECT_NE(wrong.status().message().find("must be a device (NCCL) communicator"), std::string::npos)
+      << wrong.status().message();
+}
 
 }  // namespace
 }  // namespace strata::testing

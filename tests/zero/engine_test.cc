@@ -1,6 +1,7 @@
 // The engine at world size 1 (no mpirun): every combination against the reference,
 // overlap, accumulation, clipping, fp16 overflow, bf16, budgets and bad configurations.
 #include "engine_checks.h"
+#include "fake_gpu.h"
 
 namespace strata::testing {
 namespace {
@@ -45,6 +46,32 @@ TEST(Engine, AccumulationEqualsLargerBatch) { CheckAccumulation(World()); }
 TEST(Engine, ClippingMatchesTheReference) { CheckClipping(World()); }
 TEST(Engine, Fp16OverflowStepsAreSkippedAsInTheReference) { CheckFp16Overflow(World()); }
 TEST(Engine, Bf16MatchesTheReference) { CheckBf16(World()); }
+
+// A device communicator must take device buffers (checked before the device is used,
+// so a fake GPU serves); one rank needs none. On sim the model runs the CPU kernels.
+TEST(Engine, DeviceCommunicatorMustBeADeviceOne) {
+  FakeGpu gpu;
+  const zero::TrainSpec spec = SmallSpec(1);
+  ParamInit init = [&](int m, int t, int64_t b, int64_t n, float* out) {
+    model::InitTensorSlice(spec.model, m, t, b, n, out);
+  };
+  EngineResources res{&World(), &gpu};
+  res.device_comm = &World();
+  auto e = Engine::Create(MakeConfig({1, "none", "none"}), model::MlpModules(spec.model), init, res);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << e.status().ToString();
+  EXPECT_NE(e.status().message().find("EngineResources.device_comm must be a device (NCCL) communicator"),
+            std::string::npos)
+      << e.status().message();
+
+  auto sim = CreateDevice({DeviceKind::kSim, 0, 0});
+  ASSERT_TRUE(sim.ok()) << sim.status().ToString();
+  auto engine = Engine::Create(MakeConfig({1, "none", "none"}), model::MlpModules(spec.model), init,
+                               EngineResources{&World(), sim->get()});
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  EXPECT_EQ((*engine)->model_backend(), model::Backend::kCpu);
+  EXPECT_EQ((*engine)->model_stream(), nullptr);
+}
 
 TEST(Engine, DeviceBudgetTooSmallIsRefusedAtStart) {
   Config c = MakeConfig({2, "none", "none"}, R"({"strata": {"device_budget": "64KiB"}})");
