@@ -160,6 +160,11 @@ class Engine : public model::MlpHooks {
   // norm and overflow, runs (or commits) the optimizer on every owned shard and puts
   // the updated compute parameters where the next forward needs them.
   Result<StepResult> Step();
+  // Step() returns before the optimizer's last writes reach NVMe: they finish while the
+  // next forward runs (every read of what they write waits for them). Flush waits for
+  // them, e.g. before timing the end of a run; the destructor does so too. Call it on
+  // the training thread between Step() and the next micro-batch; the first write error.
+  Status Flush();
 
   // The loss scale the model must multiply its loss by (1 unless fp16).
   double loss_scale() const;

@@ -266,9 +266,7 @@ Status Engine::Impl::AllocateMemory() {
     const int64_t cap = std::min<int64_t>(
         static_cast<int64_t>(std::min<uint64_t>(config.zero.sub_group_size, kPieceStateBytes / 12)), opt_elems);
     const int64_t k = (opt_elems + std::max<int64_t>(cap, 1) - 1) / std::max<int64_t>(cap, 1);
-    piece_elems = (opt_elems + k - 1) / k;
-    piece_elems = std::min<int64_t>((piece_elems + 1023) / 1024 * 1024, opt_elems);  // 4 KiB-aligned offsets
-    piece_elems = std::max<int64_t>(piece_elems, 1);
+    piece_elems = std::max<int64_t>((opt_elems + k - 1) / k, 1);  // k pieces, none above the cap
   }
   pieces = static_cast<int>((opt_elems + piece_elems - 1) / piece_elems);
   if (pieces == 0) pieces = 1;
@@ -297,7 +295,7 @@ Status Engine::Impl::AllocateMemory() {
     case ZeroTier::kHost: host += n_chunks * (opt_set_bytes + Align4K(opt_bytes)); break;
     case ZeroTier::kNvme:
       host += opt_set_bytes;  // one staging set; the gradients' place is decided below
-      for (int p = 0; p < pieces; ++p) nvme += 2 * n_chunks * PieceBytes(p);
+      nvme += 2 * n_chunks * pieces * opt_set_bytes;  // every slot has a full piece's size
       break;
   }
   if (grad_tier != ZeroTier::kDevice) host += grad_slot_bytes;  // host_recv
@@ -361,15 +359,20 @@ Status Engine::Impl::AllocateMemory() {
       host = on_host;
     }
   }
+  const uint64_t host_fixed = host;
   if (host > 0) host += fragmentation(host);
   if (host > host_budget) {
     return OutOfBudgetError("engine: the pinned host tier cannot hold this configuration: it needs " +
                             FormatBytes(host) + " and the host budget is " + FormatBytes(host_budget) +
                             "; raise strata.host_budget, offload to nvme, or use more ranks");
   }
+  // The extras below may cross more segment boundaries than the fixed part: they fit in
+  // what is left once the stranding the whole budget could cause is set aside.
+  const uint64_t usable = host_budget - (std::max(fragmentation(host_budget), host - host_fixed) - (host - host_fixed));
+  auto host_room = [&] { return usable > host ? usable - host : 0; };
   int spares = 0;
   if (overlap && opt_tier != ZeroTier::kNvme) {
-    uint64_t room = opt_tier == ZeroTier::kDevice ? dev_have - dev : host_budget - host;
+    uint64_t room = opt_tier == ZeroTier::kDevice ? dev_have - dev : host_room();
     spares = static_cast<int>(std::min<uint64_t>(n_chunks, room / std::max<uint64_t>(opt_set_bytes, 1)));
     if (opt_tier == ZeroTier::kDevice) dev += spares * 3 * opt_bytes;
     else host += spares * opt_set_bytes;
@@ -378,7 +381,7 @@ Status Engine::Impl::AllocateMemory() {
   if (opt_tier == ZeroTier::kNvme) {
     // Read ahead, step and write behind need three sets; more deepen the pipeline, up to
     // what kStagingChunkSets whole-chunk sets would hold.
-    const uint64_t room = host_budget - host;
+    const uint64_t room = host_room();
     const uint64_t cap = std::min<uint64_t>(kStagingChunkSets * pieces, n_chunks * pieces) - 1;
     opt_staging_count = 1 + static_cast<int>(std::min<uint64_t>(cap, room / opt_set_bytes));
     host += (opt_staging_count - 1) * opt_set_bytes;
@@ -386,7 +389,7 @@ Status Engine::Impl::AllocateMemory() {
   grad_host_count = 0;
   if (grad_tier == ZeroTier::kNvme) {
     // Shards beyond two let the reductions run ahead of a slower optimizer.
-    grad_host_count = 2 + static_cast<int>(std::min<uint64_t>(2, (host_budget - host) / grad_slot_bytes));
+    grad_host_count = 2 + static_cast<int>(std::min<uint64_t>(2, host_room() / grad_slot_bytes));
     host += (grad_host_count - 2) * grad_slot_bytes;
   }
   gather_buffers = 0;
@@ -491,6 +494,7 @@ Status Engine::Impl::AllocateMemory() {
     STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_set_bytes, "NVMe optimizer staging"));
     opt_staging.free.push_back(p);
   }
+  if (publish_behind) param_write_of.resize(n_chunks);
   for (int i = 0; publish_behind && i < 2; ++i) {
     STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_elems * csize, "parameter shards on their way to NVMe"));
     out16_staging.free.push_back(p);

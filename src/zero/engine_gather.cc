@@ -42,7 +42,8 @@ Status Engine::Impl::FetchShard(int chunk, void* dst, void* staged, std::optiona
     case ZeroTier::kNvme: {
       if (staged == nullptr) staged = param_staging.Take();
       if (!read) {
-        auto h = param_store->Read(param_shard[chunk].slot, staged, bytes);
+        st = WaitParamWrite(chunk);
+        auto h = st.ok() ? param_store->Read(param_shard[chunk].slot, staged, bytes) : Result<IoHandle>(st);
         if (h.ok()) read = *h;
         st = h.status();
       }
@@ -69,7 +70,8 @@ void Engine::Impl::StartGather(int chunk) {
   const auto start = std::chrono::steady_clock::now();
   void* staged = nullptr;
   std::optional<IoHandle> read;
-  if (param_tier == ZeroTier::kNvme && (staged = param_staging.TryTake()) != nullptr) {
+  // A shard the last step is still writing is read by FetchShard once it is on disk.
+  if (param_tier == ZeroTier::kNvme && ParamWriteDone(chunk) && (staged = param_staging.TryTake()) != nullptr) {
     auto h = param_store->Read(param_shard[chunk].slot, staged, shard_bytes);
     if (h.ok()) {
       read = *h;

@@ -96,6 +96,10 @@ struct Engine::Impl {
     // master | m | v (PieceElems(p) each).
     std::vector<SlotId> slot[2];
     int current = 0;            // which slot holds the committed state
+    // nvme: a committed step whose writes (to slot[1 - current]) may still be in flight;
+    // SettleCommit makes it current once they are on disk (or returns their error, with
+    // the previous state intact).
+    bool commit_deferred = false;
     float* grad = nullptr;      // gradient shard, accumulated over micro-batches (device/host)
     SlotId grad_slot = 0;       // ... or its slot in grad_store (nvme)
     GradStats grad_stats;       // nvme: the final shard's stats, taken before it is written
@@ -148,6 +152,8 @@ struct Engine::Impl {
   struct NvmeWrite {
     IoHandle handle;
     void* buf = nullptr;
+    SlotId slot = 0;  // in opt_store (nvme_writes) or param_store (param_writes)
+    int chunk = -1;   // whose state it writes (nvme_writes)
     const char* what = "";
     Status Wait() const { return handle.Wait().WithContext(what); }
   };
@@ -157,6 +163,10 @@ struct Engine::Impl {
   // failed). Optimizer thread only (the one stepping).
   Result<float*> TakeOptStaging();
   Status IssueNvmeRead(int chunk, int piece);
+  Status SettleCommit(int chunk);
+  // Waits for the writes still in flight to `slot` (a read or a new write of it must not
+  // overtake them); the first error.
+  static Status WaitSlotWrites(const std::deque<NvmeWrite>& writes, SlotId slot);
   // Issues reads for the pieces of `chunk` from first_piece on, then of next_chunk (and,
   // descending, the chunks below it), while sets are free and fewer than all but two
   // are reading ahead. Never waits.
@@ -177,6 +187,13 @@ struct Engine::Impl {
   Pool out16_staging;
   bool publish_behind = false;
   Result<void*> TakeOut16Staging();
+  // The last write of each chunk's 16-bit shard to param_store, which may still be in
+  // flight when the next forward gathers the chunk (the optimizer thread sets it, the
+  // training and fetch threads wait for it).
+  std::mutex param_write_mu;
+  std::vector<IoHandle> param_write_of;
+  bool ParamWriteDone(int chunk);
+  Status WaitParamWrite(int chunk);
   uint64_t opt_set_bytes = 0;     // master | m | v of one piece: a staging set, one NVMe slot
   uint64_t grad_slot_bytes = 0;   // one gradient shard, 4 KiB aligned
   int opt_staging_count = 0;

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <string>
 
+#include "strata/log.h"
 #include "zero/engine_impl.h"
 
 namespace strata {
@@ -46,9 +47,42 @@ Result<void*> Engine::Impl::TakeOut16Staging() {
   return InternalError("engine: no parameter staging buffer is free and none is being written");
 }
 
+Status Engine::Impl::WaitSlotWrites(const std::deque<NvmeWrite>& writes, SlotId slot) {
+  for (const NvmeWrite& w : writes) {
+    if (w.slot == slot) STRATA_RETURN_IF_ERROR(w.Wait());
+  }
+  return OkStatus();
+}
+
+bool Engine::Impl::ParamWriteDone(int chunk) {
+  std::lock_guard lock(param_write_mu);
+  return param_write_of.empty() || !param_write_of[chunk].valid() || param_write_of[chunk].Poll();
+}
+
+Status Engine::Impl::WaitParamWrite(int chunk) {
+  IoHandle h;
+  {
+    std::lock_guard lock(param_write_mu);
+    if (!param_write_of.empty()) h = param_write_of[chunk];
+  }
+  return h.valid() ? h.Wait().WithContext("writing parameters to NVMe") : OkStatus();
+}
+
+Status Engine::Impl::SettleCommit(int chunk) {
+  OptChunk& o = opt[chunk];
+  if (!o.commit_deferred) return OkStatus();
+  for (int p = 0; p < pieces; ++p)
+    STRATA_RETURN_IF_ERROR(WaitSlotWrites(nvme_writes, o.slot[1 - o.current][p]));
+  o.current = 1 - o.current;
+  o.commit_deferred = false;
+  return OkStatus();
+}
+
 Status Engine::Impl::IssueNvmeRead(int chunk, int piece) {
-  STRATA_ASSIGN_OR_RETURN(float* buf, TakeOptStaging());
+  STRATA_RETURN_IF_ERROR(SettleCommit(chunk));
   const OptChunk& o = opt[chunk];
+  STRATA_RETURN_IF_ERROR(WaitSlotWrites(nvme_writes, o.slot[o.current][piece]));
+  STRATA_ASSIGN_OR_RETURN(float* buf, TakeOptStaging());
   auto rd = opt_store->Read(o.slot[o.current][piece], buf, PieceBytes(piece));
   if (!rd.ok()) {
     opt_staging.Give(buf);
@@ -72,9 +106,16 @@ void Engine::Impl::ReclaimNvmeWrites() {
 
 Status Engine::Impl::WaitNvmeWrites() {
   Status first;
-  auto drain = [&first](std::deque<NvmeWrite>& writes, Pool& pool) {
+  auto drain = [&](std::deque<NvmeWrite>& writes, Pool& pool) {
     while (!writes.empty()) {
       Status st = writes.front().Wait();
+      if (!st.ok() && writes.front().chunk >= 0) {
+        // The version it belonged to is lost: the chunk keeps the one it had (a pending
+        // speculation is dropped, a deferred commit cancelled).
+        OptChunk& o = opt[writes.front().chunk];
+        o.has_pending = false;
+        o.commit_deferred = false;
+      }
       if (first.ok() && !st.ok()) first = st;
       pool.Give(writes.front().buf);
       writes.pop_front();
@@ -116,6 +157,8 @@ Status Engine::Impl::ReadAhead(int chunk, int first_piece, int next_chunk, bool 
     if (!more) return OkStatus();
   }
   for (int c = next_chunk; c >= 0; c = descending ? c - 1 : -1) {
+    // A module's chunks may finish out of order: one already stepped needs no read.
+    if (descending && opt[c].speculated) continue;
     for (int p = 0; p < pieces; ++p) {
       STRATA_ASSIGN_OR_RETURN(bool more, issue(c, p));
       if (!more) return OkStatus();
@@ -148,7 +191,12 @@ Status Engine::Impl::StepPieceNvme(int chunk, int piece, float grad_scale, bool 
   } step_span{this, (speculative ? "step (speculative) " : "step ") + name, wait_start};
   if (s.ok()) bytes_nvme_read += PieceBytes(piece);
   // Backward finishes chunks in descending order; Step() names the next one it steps.
-  if (s.ok() && overlap) s = ReadAhead(chunk, piece + 1, next_chunk, /*descending=*/speculative);
+  if (s.ok() && overlap) {
+    // A read ahead that cannot be issued is not this piece's failure: whoever needs that
+    // piece issues the read again and reports the error.
+    Status ahead = ReadAhead(chunk, piece + 1, next_chunk, /*descending=*/speculative);
+    if (!ahead.ok()) STRATA_LOG(kWarn, "engine") << "optimizer state read-ahead: " << ahead.ToString();
+  }
   if (s.ok()) {
     AdamParams p = adam;
     p.grad_scale = grad_scale;
@@ -157,11 +205,14 @@ Status Engine::Impl::StepPieceNvme(int chunk, int piece, float grad_scale, bool 
     opt_busy_ns += NowNs() - t0;
   }
   if (s.ok()) {
-    // Written behind to the version that is not current.
-    auto wr = opt_store->Write(o.slot[1 - o.current][piece], st, PieceBytes(piece));
+    // Written behind to the version that is not current (once an earlier write of that
+    // slot, e.g. a redone step's speculation, is done).
+    const SlotId slot = o.slot[1 - o.current][piece];
+    s = WaitSlotWrites(nvme_writes, slot);
+    auto wr = s.ok() ? opt_store->Write(slot, st, PieceBytes(piece)) : Result<IoHandle>(s);
     if (wr.ok()) {
       bytes_nvme_written += PieceBytes(piece);
-      nvme_writes.push_back(NvmeWrite{*wr, st, "writing optimizer state to NVMe"});
+      nvme_writes.push_back(NvmeWrite{*wr, st, slot, chunk, "writing optimizer state to NVMe"});
       return OkStatus();
     }
     s = wr.status();
@@ -173,6 +224,8 @@ Status Engine::Impl::StepPieceNvme(int chunk, int piece, float grad_scale, bool 
 Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative, int next_chunk,
                                    const float* grad) {
   OptChunk& o = opt[chunk];
+  // The last step's version must be current before this one writes the other slot.
+  STRATA_RETURN_IF_ERROR(SettleCommit(chunk));
   // Gradients on NVMe are read back (one read for all pieces, in flight while the first
   // piece's state arrives) unless the caller holds the shard.
   const bool read_grad = grad == nullptr && grad_tier == ZeroTier::kNvme;
@@ -222,11 +275,15 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
     grad_host.Give(grad_buf);
   }
   if (publish_behind) {
+    if (s.ok()) s = WaitParamWrite(chunk);
     if (s.ok()) {
-      auto pw = param_store->Write(param_shard[chunk].slot, out, opt_elems * csize);
+      const SlotId slot = param_shard[chunk].slot;
+      auto pw = param_store->Write(slot, out, opt_elems * csize);
       if (pw.ok()) {
         bytes_nvme_written += opt_elems * csize;
-        param_writes.push_back(NvmeWrite{*pw, out, "writing parameters to NVMe"});
+        param_writes.push_back(NvmeWrite{*pw, out, slot, -1, "writing parameters to NVMe"});
+        std::lock_guard lock(param_write_mu);
+        param_write_of[chunk] = *pw;
         out = nullptr;
       } else {
         s = pw.status();
@@ -244,7 +301,7 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
     o.speculated = true;
     ++speculative_count;
   } else {
-    o.current = 1 - o.current;  // commit: readers wait for the writes before reading it
+    o.commit_deferred = true;  // current once the writes are on disk (SettleCommit)
   }
   return OkStatus();
 }

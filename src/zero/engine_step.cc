@@ -138,7 +138,7 @@ Status Engine::Impl::CommitChunk(int chunk) {
   OptChunk& o = opt[chunk];
   if (!o.has_pending) return OkStatus();
   if (opt_tier == ZeroTier::kNvme) {
-    o.current = 1 - o.current;
+    o.commit_deferred = true;  // current once its writes are on disk (SettleCommit)
   } else {
     std::lock_guard lock(spare_mu);
     spare_states.push_back(o.state);
@@ -193,7 +193,23 @@ Status Engine::Impl::RestoreParams(int chunk) {
   return s;
 }
 
+Status Engine::Flush() {
+  Impl& s = *impl_;
+  if (s.in_micro_batch) {
+    return FailedPreconditionError("engine: Flush() inside a micro-batch; call it after Step()");
+  }
+  s.opt_worker.Drain();
+  if (s.opt_tier != ZeroTier::kNvme) return OkStatus();
+  Status first = s.WaitNvmeWrites();
+  for (int c = 0; c < s.layout.num_chunks; ++c) {
+    Status st = s.SettleCommit(c);
+    if (first.ok() && !st.ok()) first = st;
+  }
+  return first;
+}
+
 Status Engine::Impl::ReadMaster(int chunk, float* master) {
+  STRATA_RETURN_IF_ERROR(SettleCommit(chunk));
   const OptChunk& o = opt[chunk];
   STRATA_ASSIGN_OR_RETURN(float* st, TakeOptStaging());
   Status s;
@@ -253,7 +269,8 @@ Result<StepResult> Engine::Step() {
       if (!st.ok()) return st;
     }
   }
-  if (s.opt_tier == ZeroTier::kNvme) STRATA_RETURN_IF_ERROR(s.WaitNvmeWrites());
+  // Writes behind go on into the next forward: what reads or rewrites a slot waits for
+  // its writes (SettleCommit, WaitSlotWrites, WaitParamWrite).
   r.step_wait_s = (NowNs() - t_start) * 1e-9;
 
   // Global norm and overflow: every rank's shard stats, summed in rank order in double.
@@ -311,12 +328,15 @@ Result<StepResult> Engine::Step() {
       int next = i + 1 < to_step.size() ? to_step[i + 1] : -1;
       STRATA_RETURN_IF_ERROR(s.StepChunk(to_step[i], grad_scale, /*speculative=*/false, next));
     }
-    if (s.opt_tier == ZeroTier::kNvme) STRATA_RETURN_IF_ERROR(s.WaitNvmeWrites());
     ++s.step_count;
     s.adam.step = s.step_count + 1;
     STRATA_RETURN_IF_ERROR(s.AllGatherParams());
   }
-  if (s.opt_tier == ZeroTier::kNvme) STRATA_RETURN_IF_ERROR(s.DropNvmeReads());
+  if (s.opt_tier == ZeroTier::kNvme) {
+    // Reads ahead nobody used: their buffers matter, not their errors (the step is done).
+    Status dropped = s.DropNvmeReads();
+    if (!dropped.ok()) STRATA_LOG(kWarn, "engine") << "unused optimizer state read: " << dropped.ToString();
+  }
   r.speculative_steps = s.speculative_count.exchange(0);
   for (auto& o : s.opt) {
     o.speculated = false;
@@ -353,6 +373,9 @@ Status Engine::GatherMaster(int module, int tensor, std::vector<float>* out) {
   if (s.stage > 0 || s.rank == 0) {
     Impl::OptChunk& o = s.opt[t.chunk];
     if (s.opt_tier == ZeroTier::kNvme) {
+      // The optimizer worker owns the staging pool and the writes during a micro-batch.
+      STRATA_RETURN_IF_ERROR(s.WaitReduces());
+      s.opt_worker.Drain();
       STRATA_RETURN_IF_ERROR(s.WaitNvmeWrites());
       STRATA_RETURN_IF_ERROR(s.ReadMaster(t.chunk, full.data() + s.opt_offset));
     } else if (s.opt_tier == ZeroTier::kDevice) {

@@ -69,6 +69,8 @@ Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Conf
     }
     auto t1 = std::chrono::steady_clock::now();
     STRATA_ASSIGN_OR_RETURN(StepResult r, engine.Step());
+    // The last step's writes behind would finish after the loop: count them in its time.
+    if (step + 1 == spec.steps) STRATA_RETURN_IF_ERROR(engine.Flush());
     timing.forward_backward_s = Seconds(t0, t1);
     timing.hooks_s = hooks.seconds;
     timing.step_s = Seconds(t1, std::chrono::steady_clock::now());

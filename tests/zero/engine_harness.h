@@ -30,7 +30,7 @@ struct Combo {
   int sub_group = 0;
 };
 
-// A sub_group_size that cuts SmallSpec's chunk shards into pieces of 1024 elements
+// A sub_group_size that cuts SmallSpec's chunk shards into pieces of at most 1000 elements
 // (the engine's alignment), several per chunk at world sizes 1, 2 and 4.
 inline constexpr int kPiecedSubGroup = 1000;
 
