@@ -23,6 +23,9 @@ struct LaneRates {
   double copy_bytes_per_s = 0;   // memcpy between pinned buffers (the sim device's copies)
   double nvme_read_bytes_per_s = 0;
   double nvme_write_bytes_per_s = 0;
+  // Reads and writes at once, in the step's proportion: what the disk does for the mix a
+  // pipelined step gives it (below the additive rate when the two interfere).
+  double nvme_mixed_bytes_per_s = 0;
   std::string nvme_backend;
 };
 
@@ -30,9 +33,11 @@ struct LaneRates {
 // nvme_dir is not empty, O_DIRECT reads and writes of a file of nvme_probe_bytes there
 // (at least 64 MiB) with the I/O engine (1 MiB blocks, queue depth 32, buffers on huge
 // pages as the engine's). A probe as large as a step's traffic measures the rate the
-// disk sustains over a step, not a burst its write cache absorbs. Takes a few seconds.
+// disk sustains over a step, not a burst its write cache absorbs; each rate is the best
+// of three passes. The mixed pass reads and writes at once, read_fraction of its bytes
+// read. Takes a few seconds.
 Result<LaneRates> MeasureLaneRates(const std::string& nvme_dir, int64_t adam_params,
-                                   uint64_t nvme_probe_bytes = 256ull << 20);
+                                   uint64_t nvme_probe_bytes = 256ull << 20, double read_fraction = 0.5);
 
 struct LaneWork {
   double compute_s = 0;  // measured: the model's passes without the hooks' waits
@@ -48,6 +53,9 @@ struct StepModel {
   double cpu_s = 0, nvme_s = 0;
   double bound_s = 0;   // the time a step cannot beat
   double serial_s = 0;  // the sum of every lane
+  // The same bound with the disk's reads and writes timed together at the mixed rate
+  // (a pipelined step mixes them); 0 when no mixed rate was measured.
+  double nvme_mixed_s = 0, bound_mixed_s = 0;
 };
 
 StepModel ModelStep(const LaneRates& rates, const LaneWork& work, bool shared_cpu);
