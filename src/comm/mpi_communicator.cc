@@ -135,6 +135,7 @@ MpiCommunicator::~MpiCommunicator() {
 CommHandle MpiCommunicator::Submit(OpDesc desc, std::string label, std::function<Status(MpiContext&)> fn) {
   if (size_ == 1) {  // nothing to wait for: run inline, in issue order by construction
     ctx_.deadline_s = NowS() + options_.collective_timeout_s;
+    ctx_.desc = &desc;
     return CommHandle::Done(fn(ctx_));
   }
   auto op = std::make_shared<Op>(this, desc, std::move(label), std::move(fn));
@@ -222,6 +223,7 @@ void MpiCommunicator::Execute(Op& op, const Status& failed) {
   ctx_.tag = static_cast<int>(op.seq & 0x7fff);
   ctx_.deadline_s = NowS() + options_.collective_timeout_s;
   ctx_.on_deadline = [this, &op] { return Watchdog(op.seq, op.What()); };
+  ctx_.desc = &op.desc;
   Status s = op.fn(ctx_);
   ctx_.on_deadline = nullptr;
   if (s.ok()) {
@@ -278,7 +280,10 @@ CommHandle MpiCommunicator::AllGather(const void* send, void* recv, size_t count
   Status s = CheckBuffers(send, recv, count_per_rank, "AllGather");
   if (!s.ok()) return CommHandle::Done(s);
   return Submit({"AllGather", dtype, count_per_rank * static_cast<size_t>(size_)}, {},
-                [=](MpiContext& ctx) { return DirectAllGather(ctx, send, recv, count_per_rank, dtype); });
+                [send, recv](MpiContext& ctx) {
+                  return DirectAllGather(ctx, send, recv, ctx.desc->count / static_cast<size_t>(ctx.size),
+                                         ctx.desc->dtype);
+                });
 }
 
 CommHandle MpiCommunicator::ReduceScatter(const void* send, void* recv, size_t count_per_rank, DType dtype,
@@ -320,8 +325,8 @@ CommHandle MpiCommunicator::Broadcast(void* buf, size_t count, DType dtype, int 
   }
   Status s = CheckBuffers(buf, buf, count, "Broadcast");
   if (!s.ok()) return CommHandle::Done(s);
-  return Submit({"Broadcast", dtype, count, root}, {}, [=](MpiContext& ctx) -> Status {
-    return DirectBroadcast(ctx, buf, count * DTypeSize(dtype), root);
+  return Submit({"Broadcast", dtype, count, root}, {}, [buf](MpiContext& ctx) -> Status {
+    return DirectBroadcast(ctx, buf, ctx.desc->count * DTypeSize(ctx.desc->dtype), ctx.desc->root);
   });
 }
 

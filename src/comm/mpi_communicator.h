@@ -50,6 +50,13 @@ class MpiContext {
 
   std::function<Status()> on_deadline;  // builds the watchdog Status (set by the worker)
   double deadline_s = 0;                // steady-clock seconds
+  // The collective being run. Its functions read counts and dtype from here, so that
+  // they capture no more than two pointers and std::function stores them without
+  // allocating.
+  const OpDesc* desc = nullptr;
+  // Reused by the all-gather and broadcast algorithms instead of allocating per call.
+  std::vector<MPI_Request> reqs;
+  std::vector<size_t> offset, length;
 
  private:
   std::unique_ptr<std::byte[], void (*)(std::byte*)> staging_{nullptr, nullptr};
