@@ -13,9 +13,10 @@
 //    own nonblocking collectives. A caller that waits right after issuing runs the
 //    collective on its own thread (on a 2-core machine waking a worker thread for it
 //    cost ~15 us of a 1 MiB collective); after a handle is Tested, or Waited on late,
-//    the communicator's worker starts later collectives at issue, so they overlap the
-//    caller's compute. A collective never waited on nor tested may then never start
-//    on this rank, and the others report it through the watchdog.
+//    the communicator's worker starts later collectives 50 us after issue (unless the
+//    caller Waits first), so they overlap the caller's compute. A collective never
+//    waited on nor tested may then never start on this rank, and the others report it
+//    through the watchdog.
 //  - Buffers: an MPI communicator (memory_space() == kHost) takes host pointers; an NCCL
 //    communicator (kDevice) takes device pointers of its GPU. Never mix.
 //  - send == recv (in place) is allowed for AllReduce; for AllGather `send` may be

@@ -5,7 +5,8 @@
 // present, device buffers (NCCL backend). Beside each host figure: the same operation
 // called directly on MPI in the same run (MPI_Allgather, MPI_Reduce_scatter_block,
 // MPI_Allreduce, MPI_Bcast) and the ratio. Each figure is the median of --repeats runs,
-// communicator and raw MPI interleaved; buffers are allocated and touched once.
+// communicator and raw MPI interleaved (alternating which goes first), with the same
+// buffers, iteration count and warm-up; buffers are allocated and touched once.
 //
 // Run: mpirun -np 2 --bind-to none strata bench comm   (or without mpirun: 1 rank)
 #include <algorithm>
@@ -140,7 +141,13 @@ Status RunSpace(Communicator& c, Communicator& host, bool raw, const CommBenchOp
         uint64_t full = (op == Op::kAllGather || op == Op::kReduceScatter) ? count * DTypeSize(d) * n
                                                                            : count * DTypeSize(d);
         if (count == 0) continue;
-        // Iterations for about o.seconds, from one timed call (agreed across ranks).
+        const comm::RawOp rop = op == Op::kAllGather       ? comm::RawOp::kAllGather
+                                : op == Op::kReduceScatter ? comm::RawOp::kReduceScatter
+                                : op == Op::kAllReduce     ? comm::RawOp::kAllReduce
+                                                           : comm::RawOp::kBroadcast;
+        // One untimed call of each first; then iterations for about o.seconds, from one
+        // timed call (agreed across ranks).
+        if (raw) STRATA_RETURN_IF_ERROR(comm::TimeRawMpi(c, rop, send, recv, count, d, 1).status());
         STRATA_RETURN_IF_ERROR(Issue(c, op, send, recv, count, d).Wait());
         double t0 = Now();
         STRATA_RETURN_IF_ERROR(Issue(c, op, send, recv, count, d).Wait());
@@ -149,21 +156,26 @@ Status RunSpace(Communicator& c, Communicator& host, bool raw, const CommBenchOp
         STRATA_RETURN_IF_ERROR(host.Broadcast(&it, 1, DType::kF32, 0).Wait());
         const int iters = static_cast<int>(it);
         std::vector<double> comm_t, raw_t;
-        for (int r = 0; r < o.repeats; ++r) {
+        auto time_comm = [&]() -> Status {
           STRATA_RETURN_IF_ERROR(c.Barrier().Wait());
           double s0 = Now();
           for (int i = 0; i < iters; ++i) STRATA_RETURN_IF_ERROR(Issue(c, op, send, recv, count, d).Wait());
           STRATA_ASSIGN_OR_RETURN(double ct, AverageOverRanks(host, (Now() - s0) / iters));
           comm_t.push_back(ct);
-          if (raw) {
-            comm::RawOp rop = op == Op::kAllGather       ? comm::RawOp::kAllGather
-                              : op == Op::kReduceScatter ? comm::RawOp::kReduceScatter
-                              : op == Op::kAllReduce     ? comm::RawOp::kAllReduce
-                                                         : comm::RawOp::kBroadcast;
-            STRATA_ASSIGN_OR_RETURN(double rt, comm::TimeRawMpi(c, rop, send, recv, count, d, iters));
-            STRATA_ASSIGN_OR_RETURN(double rta, AverageOverRanks(host, rt / iters));
-            raw_t.push_back(rta);
-          }
+          return OkStatus();
+        };
+        auto time_raw = [&]() -> Status {
+          STRATA_ASSIGN_OR_RETURN(double rt, comm::TimeRawMpi(c, rop, send, recv, count, d, iters));
+          STRATA_ASSIGN_OR_RETURN(double rta, AverageOverRanks(host, rt / iters));
+          raw_t.push_back(rta);
+          return OkStatus();
+        };
+        for (int r = 0; r < o.repeats; ++r) {
+          // Which goes first alternates, so that neither always runs on caches and
+          // clocks the other left behind.
+          if (raw && r % 2 == 1) STRATA_RETURN_IF_ERROR(time_raw());
+          STRATA_RETURN_IF_ERROR(time_comm());
+          if (raw && r % 2 == 0) STRATA_RETURN_IF_ERROR(time_raw());
         }
         Row row;
         row.space = c.memory_space() == MemorySpace::kHost ? "host" : "device";

@@ -39,8 +39,7 @@ Status DirectAllGatherV(MpiContext& ctx, void* buf, const std::vector<size_t>& o
     return OkStatus();
   }
   size_t longest = *std::max_element(length.begin(), length.end()) * ds;
-  std::vector<MPI_Request> reqs;
-  reqs.reserve(2 * static_cast<size_t>(p));
+  std::vector<MPI_Request>& reqs = ctx.reqs;
   for (size_t off = 0; off < longest; off += kMaxMessageBytes) {
     reqs.clear();
     for (int s = 1; s < p; ++s) {  // receives first: they are what the watchdog cancels
@@ -74,10 +73,10 @@ Status DirectAllGatherV(MpiContext& ctx, void* buf, const std::vector<size_t>& o
 
 Status DirectAllGather(MpiContext& ctx, const void* send, void* recv, size_t count_per_rank, DType dtype) {
   if (count_per_rank == 0) return OkStatus();
-  std::vector<size_t> offset(static_cast<size_t>(ctx.size)),
-      length(static_cast<size_t>(ctx.size), count_per_rank);
-  for (size_t r = 0; r < offset.size(); ++r) offset[r] = r * count_per_rank;
-  return DirectAllGatherV(ctx, recv, offset, length, dtype, send);
+  ctx.offset.resize(static_cast<size_t>(ctx.size));
+  ctx.length.assign(static_cast<size_t>(ctx.size), count_per_rank);
+  for (size_t r = 0; r < ctx.offset.size(); ++r) ctx.offset[r] = r * count_per_rank;
+  return DirectAllGatherV(ctx, recv, ctx.offset, ctx.length, dtype, send);
 }
 
 Status DirectBroadcast(MpiContext& ctx, void* buf, size_t bytes, int root) {
@@ -88,7 +87,8 @@ Status DirectBroadcast(MpiContext& ctx, void* buf, size_t bytes, int root) {
   const int vr = (ctx.rank - root + p) % p;
   int mask = 1;
   while (mask < p && (vr & mask) == 0) mask <<= 1;
-  std::vector<MPI_Request> reqs;
+  std::vector<MPI_Request>& reqs = ctx.reqs;
+  reqs.clear();
   if (vr != 0) {
     const int from = (vr - mask + root) % p;
     for (size_t off = 0; off < bytes; off += kMaxMessageBytes) {

@@ -7,7 +7,9 @@
 // waiter) that cost a third of the time of a 1 MiB collective on a 2-core machine.
 // A caller that Waits right after issuing gains nothing from the worker, so after such
 // a collective the next Submit leaves the worker asleep (waking it cost ~15 us per
-// 1 MiB collective on a 2-core machine); a later Wait or Test shows asynchronous use.
+// 1 MiB collective on a 2-core machine); a later Wait or Test shows asynchronous use,
+// and the worker then starts each collective 50 us after its issue unless the caller
+// has begun to Wait on it by then.
 // The runner drives point-to-point requests itself (MPI_Testall polling), which is
 // what lets it enforce the watchdog deadline. World size 1 runs inline, without a worker.
 #pragma once
@@ -24,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/op_text.h"
 #include "comm/watch_board.h"
 #include "strata/comm.h"
 
@@ -47,6 +50,13 @@ class MpiContext {
 
   std::function<Status()> on_deadline;  // builds the watchdog Status (set by the worker)
   double deadline_s = 0;                // steady-clock seconds
+  // The collective being run. Its functions read counts and dtype from here, so that
+  // they capture no more than two pointers and std::function stores them without
+  // allocating.
+  const OpDesc* desc = nullptr;
+  // Reused by the all-gather and broadcast algorithms instead of allocating per call.
+  std::vector<MPI_Request> reqs;
+  std::vector<size_t> offset, length;
 
  private:
   std::unique_ptr<std::byte[], void (*)(std::byte*)> staging_{nullptr, nullptr};
@@ -90,7 +100,7 @@ class MpiCommunicator final : public Communicator {
   // Runs `fn` in collective order (usually on the calling thread) and waits for it:
   // the way other backends (NCCL bootstrap) make MPI calls on this communicator.
   Status RunInOrder(std::string what, std::function<Status(MpiContext&)> fn) {
-    return Submit(std::move(what), std::move(fn)).Wait();
+    return Submit({}, std::move(what), std::move(fn)).Wait();
   }
 
   Result<void*> AllocateBuffer(size_t bytes) override;
@@ -100,8 +110,9 @@ class MpiCommunicator final : public Communicator {
  private:
   class Op;
   MpiCommunicator(MPI_Comm comm, int rank, int size, const CommOptions& options);
-  // Queues `fn` (or runs it inline for size 1) and wakes the worker.
-  CommHandle Submit(std::string what, std::function<Status(MpiContext&)> fn);
+  // Queues `fn` (or runs it inline for size 1) and wakes the worker. Reports name the
+  // op by `label`, or by `desc` where the label is empty.
+  CommHandle Submit(OpDesc desc, std::string label, std::function<Status(MpiContext&)> fn);
   // Called by Op::Wait (`waiting`): when no thread holds the runner role, takes it and
   // runs the queued collectives up to and including `target` on this thread. false:
   // another thread is the runner (the caller then sleeps until `target` completes).

@@ -1,8 +1,13 @@
 #include "comm/mpi_util.h"
 
+#include <chrono>
 #include <string>
 
 namespace strata::comm {
+
+double NowS() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 Status MpiStatus(int rc, std::string_view what) {
   if (rc == MPI_SUCCESS) return OkStatus();

@@ -13,6 +13,13 @@ namespace strata::comm {
 // resource/unsupported classes). OK for MPI_SUCCESS.
 Status MpiStatus(int rc, std::string_view what);
 
+// Steady-clock seconds (deadlines, spin windows).
+double NowS();
+
+// How long a thread polls before it starts yielding the core between polls: in
+// MpiContext::WaitAll, and in a Wait on a collective that another thread runs.
+inline constexpr double kSpinS = 200e-6;
+
 #define STRATA_MPI_RETURN_IF_ERROR(call, what)                             \
   do {                                                                      \
     int strata_mpi_rc_ = (call);                                            \

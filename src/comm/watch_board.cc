@@ -1,6 +1,7 @@
 #include "comm/watch_board.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <new>
 
@@ -8,6 +9,16 @@
 #include "strata/log.h"
 
 namespace strata::comm {
+namespace {
+
+// Where a rank's slot starts in its part of the window (the same rule on every rank).
+void* AlignSlot(void* base) {
+  auto p = reinterpret_cast<uintptr_t>(base);
+  constexpr uintptr_t kAlign = 64;
+  return reinterpret_cast<void*>((p + kAlign - 1) & ~(kAlign - 1));
+}
+
+}  // namespace
 
 WatchBoard::~WatchBoard() { Free(); }
 
@@ -20,10 +31,13 @@ Status WatchBoard::Init(MPI_Comm comm) {
   STRATA_MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(node_comm_, MPI_ERRORS_RETURN),
                              "watch board: MPI_Comm_set_errhandler");
   void* base = nullptr;
-  STRATA_MPI_RETURN_IF_ERROR(MPI_Win_allocate_shared(sizeof(Slot), 1, MPI_INFO_NULL, node_comm_, &base, &win_),
-                             "watch board: MPI_Win_allocate_shared");
+  // Room to align the slot: MPI does not promise more than 8-byte alignment.
+  static_assert(alignof(Slot) == 64, "AlignSlot aligns to 64");
+  STRATA_MPI_RETURN_IF_ERROR(
+      MPI_Win_allocate_shared(sizeof(Slot) + alignof(Slot), 1, MPI_INFO_NULL, node_comm_, &base, &win_),
+      "watch board: MPI_Win_allocate_shared");
   STRATA_MPI_RETURN_IF_ERROR(MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN), "watch board: MPI_Win_set_errhandler");
-  mine_ = new (base) Slot{};
+  mine_ = new (AlignSlot(base)) Slot{};
   // Everyone has constructed its slot before anyone reads a peer's.
   STRATA_MPI_RETURN_IF_ERROR(MPI_Barrier(node_comm_), "watch board: MPI_Barrier");
   int node_size = 0;
@@ -43,7 +57,7 @@ Status WatchBoard::Init(MPI_Comm comm) {
     void* peer = nullptr;
     STRATA_MPI_RETURN_IF_ERROR(MPI_Win_shared_query(win_, i, &bytes, &disp, &peer), "watch board: MPI_Win_shared_query");
     int r = comm_ranks[static_cast<size_t>(i)];
-    if (r >= 0 && r < size) by_comm_rank_[static_cast<size_t>(r)] = static_cast<Slot*>(peer);
+    if (r >= 0 && r < size) by_comm_rank_[static_cast<size_t>(r)] = static_cast<Slot*>(AlignSlot(peer));
   }
   return OkStatus();
 }

@@ -36,7 +36,10 @@ class WatchBoard {
   std::string Report() const;
 
  private:
-  struct Slot {
+  // Each slot has cache lines of its own: the window places the ranks' slots next to
+  // each other, and the owner writes its slot on every collective while the peer
+  // writes the neighbouring one.
+  struct alignas(64) Slot {
     std::atomic<uint64_t> version;  // odd while the owner writes (seqlock)
     std::atomic<uint64_t> entered;  // 0: nothing entered yet
     std::atomic<uint64_t> finished;

@@ -8,8 +8,10 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/dtype.h"
+#include "comm/op_text.h"
 #include "comm_test_util.h"
 #include "strata/comm.h"
+#include "strata/units.h"
 
 namespace strata {
 namespace {
@@ -91,6 +93,18 @@ TEST(ReduceInto, Fp16FastPathEqualsScalarOnEdgeValues) {
   ReduceInto(DType::kFp16, 2, ptrs, out.data(), in.size(), 1);
   for (size_t i = 0; i < v.size(); ++i) {
     ASSERT_EQ(out[i], F32ToF16(F16ToF32(in[i]) + F16ToF32(in[i]))) << "value " << v[i];
+  }
+}
+
+TEST(OpText, SameTextAsFormatBytesWithoutAllocating) {
+  OpTextBuffer buf;
+  EXPECT_EQ(FormatOp({"AllGather", DType::kF32, 262144}, buf), "AllGather f32 x262144 (1.00 MiB)");
+  EXPECT_EQ(FormatOp({"Broadcast", DType::kBf16, 3, 1}, buf), "Broadcast bf16 x3 (6 B) root 1");
+  for (uint64_t count :
+       {uint64_t{0}, uint64_t{511}, uint64_t{5000}, uint64_t{123456789}, uint64_t{1} << 40}) {
+    const std::string want =
+        "ReduceScatter fp16 x" + std::to_string(count) + " (" + FormatBytes(count * 2) + ")";
+    EXPECT_EQ(FormatOp({"ReduceScatter", DType::kFp16, count}, buf), want);
   }
 }
 
