@@ -191,10 +191,11 @@ Status Engine::Impl::StepPieceNvme(int chunk, int piece, float grad_scale, bool 
   } step_span{this, (speculative ? "step (speculative) " : "step ") + name, wait_start};
   if (s.ok()) bytes_nvme_read += PieceBytes(piece);
   // Backward finishes chunks in descending order; Step() names the next one it steps.
-  if (s.ok() && overlap) {
+  if (s.ok()) {
     // A read ahead that cannot be issued is not this piece's failure: whoever needs that
-    // piece issues the read again and reports the error.
-    Status ahead = ReadAhead(chunk, piece + 1, next_chunk, /*descending=*/speculative);
+    // piece issues the read again and reports the error. Without overlap only this
+    // chunk's pieces are read ahead, as the whole chunk was read at once before pieces.
+    Status ahead = ReadAhead(chunk, piece + 1, overlap ? next_chunk : -1, /*descending=*/speculative);
     if (!ahead.ok()) STRATA_LOG(kWarn, "engine") << "optimizer state read-ahead: " << ahead.ToString();
   }
   if (s.ok()) {
@@ -265,6 +266,10 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
     s = grad_read.Wait().WithContext("reading the gradient shard of chunk " + std::to_string(chunk));
     io_busy_ns += NowNs() - t0;
     if (s.ok()) bytes_nvme_read += grad_slot_bytes;
+  }
+  if (s.ok() && !overlap) {
+    Status ahead = ReadAhead(chunk, 0, -1, /*descending=*/false);
+    if (!ahead.ok()) STRATA_LOG(kWarn, "engine") << "optimizer state read-ahead: " << ahead.ToString();
   }
   for (int p = 0; s.ok() && p < pieces; ++p) {
     s = StepPieceNvme(chunk, p, grad_scale, speculative, next_chunk, grad + p * piece_elems,
