@@ -19,6 +19,7 @@
 #include <filesystem>
 
 #include "engine_checks.h"
+#include "single_world.h"
 
 namespace strata::testing {
 
@@ -41,31 +42,6 @@ const bool kSwapOnDisk = [] {
   }
   return true;
 }();
-
-std::unique_ptr<Communicator>& WorldPtr() {
-  static std::unique_ptr<Communicator> world;
-  return world;
-}
-Communicator& World() {
-  auto& w = WorldPtr();
-  if (!w) {
-    auto r = InitWorld(CommOptions{"world", 120});
-    STRATA_CHECK_MSG(r.ok(), r.status().ToString());
-    w = std::move(*r);
-  }
-  return *w;
-}
-
-class MpiEnvironment : public ::testing::Environment {
- public:
-  void TearDown() override {
-    if (WorldPtr()) {
-      WorldPtr().reset();
-      EXPECT_TRUE(FinalizeWorld().ok());
-    }
-  }
-};
-const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new MpiEnvironment);
 
 // The configuration on the GPU: strata.device "cuda" (the harness makes the device).
 Config CudaConfig(const Combo& c, const std::string& extra = "") {

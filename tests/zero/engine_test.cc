@@ -1,35 +1,11 @@
 // The engine at world size 1 (no mpirun): every combination against the reference,
 // overlap, accumulation, clipping, fp16 overflow, bf16, budgets and bad configurations.
 #include "engine_checks.h"
+#include "single_world.h"
 #include "fake_gpu.h"
 
 namespace strata::testing {
 namespace {
-
-std::unique_ptr<Communicator>& WorldPtr() {
-  static std::unique_ptr<Communicator> world;
-  return world;
-}
-Communicator& World() {
-  auto& w = WorldPtr();
-  if (!w) {
-    auto r = InitWorld(CommOptions{"world", 120});
-    STRATA_CHECK_MSG(r.ok(), r.status().ToString());
-    w = std::move(*r);
-  }
-  return *w;
-}
-
-class MpiEnvironment : public ::testing::Environment {
- public:
-  void TearDown() override {
-    if (WorldPtr()) {
-      WorldPtr().reset();
-      EXPECT_TRUE(FinalizeWorld().ok());
-    }
-  }
-};
-const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new MpiEnvironment);
 
 TEST(Engine, EveryStageAndOffloadMatchesTheReference) { CheckAllCombos(World()); }
 TEST(Engine, OverlappedStepEqualsSerialStep) { CheckOverlapEqualsSerial(World(), ""); }
