@@ -128,6 +128,7 @@ struct EngineLayoutInfo {
   int optimizer_pieces = 1;
   int64_t optimizer_piece_elems = 0;
   int optimizer_staging_sets = 0;  // pinned sets of one piece's state each
+  int optimizer_padding_pieces = 0;  // this rank's pieces wholly in chunk padding: never moved
 };
 
 class Engine : public model::MlpHooks {

@@ -271,6 +271,15 @@ Status Engine::Impl::AllocateMemory() {
   pieces = static_cast<int>((opt_elems + piece_elems - 1) / piece_elems);
   if (pieces == 0) pieces = 1;
   opt_set_bytes = Align4K(3 * piece_elems * 4);
+  piece_live.assign(opt_tier == ZeroTier::kNvme ? n_chunks * pieces : 0, 1);
+  for (uint64_t c = 0; c < piece_live.size() / pieces; ++c) {
+    for (int p = 0; p < pieces; ++p) {
+      const int64_t begin = opt_offset + p * piece_elems, end = begin + PieceElems(p);
+      for (const auto& [g0, g1] : l.chunk_gaps[c]) {
+        if (g0 <= begin && end <= g1) piece_live[PieceKey(static_cast<int>(c), p)] = 0;
+      }
+    }
+  }
   size_t max_module_chunks = 1;
   for (const auto& chunks : l.module_chunks) max_module_chunks = std::max(max_module_chunks, chunks.size());
   grad_buffers = static_cast<int>(max_module_chunks) + 1;
@@ -416,6 +425,7 @@ Status Engine::Impl::AllocateMemory() {
   info.optimizer_pieces = opt_tier == ZeroTier::kNvme ? pieces : 1;
   info.optimizer_piece_elems = opt_tier == ZeroTier::kNvme ? piece_elems : 0;
   info.optimizer_staging_sets = opt_staging_count;
+  info.optimizer_padding_pieces = static_cast<int>(std::count(piece_live.begin(), piece_live.end(), 0));
   STRATA_LOG(kDebug, "engine") << "layout: " << l.num_params << " params in " << l.num_chunks << " chunks of "
                               << l.chunk_elems << " (shard " << l.shard_elems << "); device " << FormatBytes(dev)
                               << ", host " << FormatBytes(host) << ", nvme " << FormatBytes(nvme)
@@ -588,6 +598,7 @@ Status Engine::Impl::InitParams(const ParamInit& init) {
     if (opt_tier == ZeroTier::kNvme) {
       float* set = static_cast<float*>(opt_staging.Take());
       for (int p = 0; p < pieces; ++p) {
+        if (!PieceLive(c, p)) continue;
         const int64_t n = PieceElems(p);
         std::memcpy(set, full.data() + opt_offset + p * piece_elems, n * 4);
         std::memset(set + n, 0, 2 * n * 4);

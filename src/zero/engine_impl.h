@@ -142,6 +142,11 @@ struct Engine::Impl {
   int64_t PieceElems(int p) const { return std::min<int64_t>(piece_elems, opt_elems - p * piece_elems); }
   uint64_t PieceBytes(int p) const { return (3 * PieceElems(p) * 4 + 4095) / 4096 * 4096; }
   int PieceKey(int chunk, int p) const { return chunk * pieces + p; }
+  // False for a piece wholly in a chunk's padding (e.g. a small module alone in a chunk):
+  // its state stays zero, so it is never read, stepped or written (its 16-bit values
+  // are written as zeros with the shard).
+  std::vector<uint8_t> piece_live;  // by PieceKey
+  bool PieceLive(int chunk, int p) const { return piece_live.empty() || piece_live[PieceKey(chunk, p)]; }
   struct NvmeRead {
     float* buf = nullptr;
     IoHandle handle;

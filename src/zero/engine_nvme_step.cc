@@ -9,6 +9,7 @@
 // the step takes it (or DropNvmeReads), a write's when ReclaimNvmeWrites sees it
 // complete, TakeOptStaging / TakeOut16Staging need it, or WaitNvmeWrites waits for it.
 #include <chrono>
+#include <cstring>
 #include <string>
 
 #include "strata/log.h"
@@ -143,7 +144,7 @@ Status Engine::Impl::ReadAhead(int chunk, int first_piece, int next_chunk, bool 
   const int limit = std::max(opt_staging_count - 2, std::min(opt_staging_count - 1, 1));
   int in_flight = static_cast<int>(nvme_reads.size());
   auto issue = [&](int c, int p) -> Result<bool> {
-    if (nvme_reads.count(PieceKey(c, p))) return true;
+    if (!PieceLive(c, p) || nvme_reads.count(PieceKey(c, p))) return true;
     if (in_flight >= limit) return false;
     void* free_set = opt_staging.TryTake();  // never wait for a write here
     if (free_set == nullptr) return false;
@@ -272,8 +273,12 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
     if (!ahead.ok()) STRATA_LOG(kWarn, "engine") << "optimizer state read-ahead: " << ahead.ToString();
   }
   for (int p = 0; s.ok() && p < pieces; ++p) {
-    s = StepPieceNvme(chunk, p, grad_scale, speculative, next_chunk, grad + p * piece_elems,
-                      static_cast<uint8_t*>(out) + p * piece_elems * csize);
+    uint8_t* out_p = static_cast<uint8_t*>(out) + p * piece_elems * csize;
+    if (!PieceLive(chunk, p)) {
+      std::memset(out_p, 0, PieceElems(p) * csize);  // the buffer held another chunk's values
+      continue;
+    }
+    s = StepPieceNvme(chunk, p, grad_scale, speculative, next_chunk, grad + p * piece_elems, out_p);
   }
   if (read_grad) {
     if (!s.ok()) (void)grad_read.Wait();  // the buffer must be quiet before reuse

@@ -3,6 +3,7 @@
 // parameters where the next forward reads them.
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 
 #include "strata/grad_stats.h"
@@ -214,6 +215,10 @@ Status Engine::Impl::ReadMaster(int chunk, float* master) {
   STRATA_ASSIGN_OR_RETURN(float* st, TakeOptStaging());
   Status s;
   for (int p = 0; s.ok() && p < pieces; ++p) {
+    if (!PieceLive(chunk, p)) {
+      std::fill(master + p * piece_elems, master + p * piece_elems + PieceElems(p), 0.0f);
+      continue;
+    }
     auto rd = opt_store->Read(o.slot[o.current][p], st, PieceBytes(p));
     s = rd.ok() ? rd->Wait() : rd.status();
     if (s.ok()) std::memcpy(master + p * piece_elems, st, PieceElems(p) * 4);

@@ -103,6 +103,9 @@ TEST(Engine, NvmeOptimizerPiecesFollowSubGroupSizeAndTheStateCap) {
   ASSERT_TRUE(cut.ok()) << cut.status().ToString();
   EXPECT_GT(cut->optimizer_pieces, 1);
   EXPECT_LE(cut->optimizer_piece_elems, kPiecedSubGroup);
+  // Chunk 0 holds the 64 x 96 layer (6240 elements) in 8192: its last pieces are padding.
+  EXPECT_GE(cut->optimizer_padding_pieces, 2);
+  EXPECT_EQ(whole->optimizer_padding_pieces, 0) << "a whole-shard piece always holds a tensor";
   EXPECT_GE(cut->optimizer_piece_elems * cut->optimizer_pieces, cut->shard_elems);
   EXPECT_LT(cut->optimizer_piece_elems * (cut->optimizer_pieces - 1), cut->shard_elems);
   // A 1536 x 1536 layer: 28 MB of master | m | v in one chunk, so two pieces.
