@@ -25,6 +25,15 @@ namespace {
 // still leaves a collective this young to its caller (WorkerLoop).
 constexpr double kSyncWaitS = 50e-6;
 
+void PrefetchLines(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i, 1);
+}
+
+bool SameOp(const OpDesc& a, const OpDesc& b) {
+  return a.kind == b.kind && a.dtype == b.dtype && a.count == b.count && a.root == b.root;
+}
+
 Status CheckBuffers(const void* a, const void* b, size_t count, std::string_view op) {
   if (count > 0 && (a == nullptr || b == nullptr)) {
     return InvalidArgumentError(std::string(op) + ": null buffer with count " + std::to_string(count));
@@ -51,8 +60,13 @@ class MpiCommunicator::Op final : public comm_internal::PendingOp {
       const double until = NowS() + kSpinS;
       while (!done_.load(std::memory_order_acquire) && NowS() < until) std::this_thread::yield();
     }
+    // status_ is written once, before done_ is set, so a thread that saw done_ reads it
+    // without the mutex (after an inline run, the caller's usual case).
+    if (done_.load(std::memory_order_acquire)) return status_;
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_.load(std::memory_order_relaxed); });
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    cv_.wait(lock, [&] { return done_.load(std::memory_order_acquire); });
+    sleepers_.fetch_sub(1, std::memory_order_relaxed);
     return status_;
   }
   Result<bool> Test() override {
@@ -61,17 +75,19 @@ class MpiCommunicator::Op final : public comm_internal::PendingOp {
       owner_->RunInline(this, /*waiting=*/false);
       return false;
     }
-    std::lock_guard<std::mutex> lock(mu_);
     if (!status_.ok()) return status_;
     return true;
   }
   bool done() const { return done_.load(std::memory_order_acquire); }
   void Complete(Status s) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      status_ = std::move(s);
-      done_.store(true, std::memory_order_release);
-    }
+    status_ = std::move(s);
+    // Locking and notifying only for a sleeper saves two atomic operations on a line
+    // the 1 MiB copy has evicted, after every collective the caller ran itself. Both
+    // sides are seq_cst: either the sleeper's count is seen here, or done_ is seen by
+    // the sleeper under the mutex before it blocks.
+    done_.store(true, std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) == 0) return;
+    { std::lock_guard<std::mutex> lock(mu_); }
     cv_.notify_all();
   }
   uint64_t seq = 0;        // set under the communicator's mu_ at Submit
@@ -92,6 +108,7 @@ class MpiCommunicator::Op final : public comm_internal::PendingOp {
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<bool> done_{false};
+  std::atomic<int> sleepers_{0};  // threads blocked (or about to block) on cv_
   Status status_;
 };
 
@@ -118,6 +135,11 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, int rank, int size, const CommOp
   ctx_.comm = comm;
   ctx_.rank = rank;
   ctx_.size = size;
+  // Set once rather than per collective (two std::function writes per call).
+  ctx_.on_deadline = [this] {
+    return running_op_ != nullptr ? Watchdog(running_op_->seq, running_op_->What())
+                                  : DeadlineExceededError("collective on '" + options_.name + "' timed out");
+  };
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -218,14 +240,27 @@ void MpiCommunicator::Execute(Op& op, const Status& failed) {
                              "' not run: the communicator failed earlier: " + failed.ToString()));
     return;
   }
-  OpTextBuffer text;
-  board_.Enter(op.seq, op.Text(text));
+  // The board's text is written only when it differs from the previous collective's:
+  // formatting it and storing 64 bytes cost ~0.4 us per 1 MiB collective on cold caches.
+  if (op.label.empty() && board_text_valid_ && SameOp(op.desc, board_desc_)) {
+    board_.Enter(op.seq);
+  } else {
+    OpTextBuffer text;
+    board_.Enter(op.seq, op.Text(text));
+    board_text_valid_ = op.label.empty();
+    board_desc_ = op.desc;
+  }
   ctx_.tag = static_cast<int>(op.seq & 0x7fff);
   ctx_.deadline_s = NowS() + options_.collective_timeout_s;
-  ctx_.on_deadline = [this, &op] { return Watchdog(op.seq, op.What()); };
   ctx_.desc = &op.desc;
+  running_op_ = &op;
   Status s = op.fn(ctx_);
-  ctx_.on_deadline = nullptr;
+  // A transfer of a MiB or so has evicted the lines that the rest of this path and the
+  // caller's next Submit touch (this communicator, the op and its allocation, which the
+  // next op is likely to reuse); fetched together they cost about one miss, not one each.
+  PrefetchLines(this, sizeof(*this));
+  PrefetchLines(reinterpret_cast<const char*>(&op) - 64, sizeof(op) + 64);
+  running_op_ = nullptr;
   if (s.ok()) {
     board_.Finish(op.seq);
   } else if (s.code() != StatusCode::kInvalidArgument) {

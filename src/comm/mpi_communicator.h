@@ -131,6 +131,11 @@ class MpiCommunicator final : public Communicator {
   CommOptions options_;
   WatchBoard board_;
   MpiContext ctx_;  // runner only
+  // Runner only: the collective being run (for the watchdog's report), and the
+  // description whose text the board holds (board_text_valid_: it holds one).
+  const Op* running_op_ = nullptr;
+  OpDesc board_desc_;
+  bool board_text_valid_ = false;
 
   std::mutex mu_;
   std::condition_variable cv_;  // wakes the worker
