@@ -140,7 +140,8 @@ class MpiCommunicator final : public Communicator {
   std::mutex mu_;
   std::condition_variable cv_;  // wakes the worker
   std::deque<std::shared_ptr<Op>> queue_;
-  bool running_ = false;  // a thread holds the runner role
+  std::shared_ptr<Op> spare_;  // the latest op, reused by Submit once it is free
+  bool running_ = false;       // a thread holds the runner role
   bool stop_ = false;
   // The latest collective first looked at was Waited on right after its Submit: the
   // next Submit leaves the worker asleep (kSyncWaitS in mpi_communicator.cc).
