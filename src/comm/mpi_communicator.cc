@@ -95,8 +95,9 @@ CommHandle MpiCommunicator::Submit(OpDesc desc, std::string label, std::function
   {
     std::lock_guard<std::mutex> lock(mu_);
     // The previous op is reused once nothing else refers to it (no handle, not queued,
-    // not running): freeing it and allocating the next, with its mutex and condition
-    // variable, cost ~0.5 us per 1 MiB collective on caches the transfer has evicted.
+    // not running): after a 1 MiB broadcast, its destruction and free() and the return
+    // to the caller took ~1.1 us on caches the transfer had evicted, and allocating the
+    // next op with its mutex and condition variable was part of Submit's ~1 us.
     if (spare_ != nullptr && spare_.use_count() == 1) {
       std::atomic_thread_fence(std::memory_order_acquire);  // after the last holder's release
       op = spare_;
