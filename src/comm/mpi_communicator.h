@@ -131,11 +131,17 @@ class MpiCommunicator final : public Communicator {
   CommOptions options_;
   WatchBoard board_;
   MpiContext ctx_;  // runner only
+  // Runner only: the collective being run (for the watchdog's report), and the
+  // description whose text the board holds (board_text_valid_: it holds one).
+  const Op* running_op_ = nullptr;
+  OpDesc board_desc_;
+  bool board_text_valid_ = false;
 
   std::mutex mu_;
   std::condition_variable cv_;  // wakes the worker
   std::deque<std::shared_ptr<Op>> queue_;
-  bool running_ = false;  // a thread holds the runner role
+  std::shared_ptr<Op> spare_;  // the latest op, reused by Submit once it is free
+  bool running_ = false;       // a thread holds the runner role
   bool stop_ = false;
   // The latest collective first looked at was Waited on right after its Submit: the
   // next Submit leaves the worker asleep (kSyncWaitS in mpi_communicator.cc).

@@ -36,7 +36,8 @@ Status WatchBoard::Init(MPI_Comm comm) {
   STRATA_MPI_RETURN_IF_ERROR(
       MPI_Win_allocate_shared(sizeof(Slot) + alignof(Slot), 1, MPI_INFO_NULL, node_comm_, &base, &win_),
       "watch board: MPI_Win_allocate_shared");
-  STRATA_MPI_RETURN_IF_ERROR(MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN), "watch board: MPI_Win_set_errhandler");
+  STRATA_MPI_RETURN_IF_ERROR(MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN),
+                             "watch board: MPI_Win_set_errhandler");
   mine_ = new (AlignSlot(base)) Slot{};
   // Everyone has constructed its slot before anyone reads a peer's.
   STRATA_MPI_RETURN_IF_ERROR(MPI_Barrier(node_comm_), "watch board: MPI_Barrier");
@@ -55,7 +56,8 @@ Status WatchBoard::Init(MPI_Comm comm) {
     MPI_Aint bytes = 0;
     int disp = 0;
     void* peer = nullptr;
-    STRATA_MPI_RETURN_IF_ERROR(MPI_Win_shared_query(win_, i, &bytes, &disp, &peer), "watch board: MPI_Win_shared_query");
+    STRATA_MPI_RETURN_IF_ERROR(MPI_Win_shared_query(win_, i, &bytes, &disp, &peer),
+                               "watch board: MPI_Win_shared_query");
     int r = comm_ranks[static_cast<size_t>(i)];
     if (r >= 0 && r < size) by_comm_rank_[static_cast<size_t>(r)] = static_cast<Slot*>(AlignSlot(peer));
   }
@@ -100,6 +102,15 @@ void WatchBoard::Enter(uint64_t seq, std::string_view what) {
     std::memcpy(&w, text + 8 * i, 8);
     mine_->what[i].store(w, std::memory_order_relaxed);
   }
+  mine_->entered.store(seq, std::memory_order_relaxed);
+  mine_->version.store(v + 2, std::memory_order_release);
+}
+
+void WatchBoard::Enter(uint64_t seq) {
+  if (mine_ == nullptr) return;
+  uint64_t v = mine_->version.load(std::memory_order_relaxed);
+  mine_->version.store(v + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
   mine_->entered.store(seq, std::memory_order_relaxed);
   mine_->version.store(v + 2, std::memory_order_release);
 }

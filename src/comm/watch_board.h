@@ -30,6 +30,8 @@ class WatchBoard {
 
   // Owner side (one writer: the communicator's worker thread).
   void Enter(uint64_t seq, std::string_view what);
+  // The same text as the previous Enter.
+  void Enter(uint64_t seq);
   void Finish(uint64_t seq);
 
   // One line per rank of the communicator: "rank 1: last entered #3 Barrier (finished)".

@@ -164,6 +164,28 @@ TEST(Collectives, PollingWithTestFinishesAfterSynchronousUse) {
   EXPECT_EQ(buf, Reduced(DType::kF32, c.size(), 4096, 7, ReduceOp::kSum));
 }
 
+// Submit reuses a finished op only once no handle refers to it: a handle kept while
+// later collectives are issued still reports its own, finished collective.
+TEST(Collectives, KeptHandleStaysFinishedWhileLaterOnesRun) {
+  Communicator& c = World();
+  const int p = c.size();
+  std::vector<uint8_t> a = Input(DType::kF32, c.rank(), 1000, 11);
+  CommHandle kept = c.AllReduce(a.data(), a.data(), 1000, DType::kF32, ReduceOp::kSum);
+  ASSERT_TRUE(kept.Wait().ok());
+  for (int k = 0; k < 4; ++k) {
+    const size_t n = 500 + static_cast<size_t>(k);
+    std::vector<uint8_t> b = Input(DType::kF32, c.rank(), n, 20 + k);
+    CommHandle h = c.Broadcast(b.data(), n, DType::kF32, k % p);
+    Result<bool> t = kept.Test();  // h is issued and (under synchronous use) not yet run
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_TRUE(*t);
+    ASSERT_TRUE(h.Wait().ok());
+    EXPECT_EQ(b, Input(DType::kF32, k % p, n, 20 + k));
+  }
+  EXPECT_TRUE(kept.Wait().ok());
+  EXPECT_EQ(a, Reduced(DType::kF32, p, 1000, 11, ReduceOp::kSum));
+}
+
 TEST(Collectives, ArgumentErrorsAreStatuses) {
   Communicator& c = World();
   Status s = c.Broadcast(nullptr, 0, DType::kF32, c.size()).Wait();

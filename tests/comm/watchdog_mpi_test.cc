@@ -38,7 +38,8 @@ TEST(Watchdog, RankThatNeverJoinsIsReported) {
     EXPECT_NE(m.find("'watched' (rank " + std::to_string(c->rank()) + " of " + std::to_string(c->size())),
               std::string::npos)
         << m;
-    EXPECT_NE(m.find("rank " + std::to_string(missing) + ": last entered #1 Barrier (finished)"), std::string::npos)
+    EXPECT_NE(m.find("rank " + std::to_string(missing) + ": last entered #1 Barrier (finished)"),
+              std::string::npos)
         << m;
     EXPECT_NE(m.find("rank 0: last entered #2 AllReduce"), std::string::npos) << m;
     // The communicator is failed for good: later collectives say so at once.
@@ -47,6 +48,32 @@ TEST(Watchdog, RankThatNeverJoinsIsReported) {
     EXPECT_NE(later.message().find("failed earlier"), std::string::npos) << later.ToString();
   }
   // Everyone meets again on a healthy communicator, then frees the failed one together.
+  ASSERT_TRUE(control->Barrier().Wait().ok());
+  c.reset();
+  EXPECT_TRUE(control->Barrier().Wait().ok());
+}
+
+// The board keeps the text of the previous collective when the next one is described
+// the same way (it is not rewritten per call): the report must still name it.
+TEST(Watchdog, RepeatedCollectiveIsReportedWithItsText) {
+  auto control = MakeWorld("control", 60);
+  auto c = MakeWorld("watched", 0.5);
+  const int missing = c->size() - 1;
+  std::vector<float> buf(64, 1.0f);
+  ASSERT_TRUE(
+      c->AllReduce(buf.data(), buf.data(), buf.size(), DType::kF32, ReduceOp::kSum).Wait().ok());  // #1
+  if (c->rank() != missing) {
+    Status s = c->AllReduce(buf.data(), buf.data(), buf.size(), DType::kF32, ReduceOp::kSum).Wait();  // #2
+    EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
+    const std::string& m = s.message();
+    EXPECT_NE(m.find("#2 AllReduce f32 x64"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 0: last entered #2 AllReduce f32 x64 (256 B) (not finished)"), std::string::npos)
+        << m;
+    EXPECT_NE(
+        m.find("rank " + std::to_string(missing) + ": last entered #1 AllReduce f32 x64 (256 B) (finished)"),
+        std::string::npos)
+        << m;
+  }
   ASSERT_TRUE(control->Barrier().Wait().ok());
   c.reset();
   EXPECT_TRUE(control->Barrier().Wait().ok());
@@ -62,12 +89,14 @@ TEST(Consistency, MismatchNamesTheFirstDifferingKeyOnEveryRank) {
   auto c = MakeWorld("consistency", 30);
   Config config;
   if (c->rank() == 1) config.zero.stage = 3;
-  if (c->rank() == c->size() - 1 && c->size() > 2) config.aio.queue_depth = 7;  // a later rank differs elsewhere
+  if (c->rank() == c->size() - 1 && c->size() > 2)
+    config.aio.queue_depth = 7;  // a later rank differs elsewhere
   Status s = CheckConsistency(*c, "config", ConfigToJson(config));
   ASSERT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_NE(s.message().find("rank 1 has zero_optimization.stage = 3, rank 0 has 0"), std::string::npos)
       << s.message();
-  std::string n_differ = std::to_string(c->size() > 2 ? 2 : 1) + " of " + std::to_string(c->size()) + " ranks";
+  std::string n_differ =
+      std::to_string(c->size() > 2 ? 2 : 1) + " of " + std::to_string(c->size()) + " ranks";
   EXPECT_NE(s.message().find(n_differ), std::string::npos) << s.message();
   // The communicator is still usable: the check left nothing unmatched.
   EXPECT_TRUE(c->Barrier().Wait().ok());
@@ -75,7 +104,8 @@ TEST(Consistency, MismatchNamesTheFirstDifferingKeyOnEveryRank) {
 
 TEST(Consistency, LayoutArraysCompareByIndex) {
   auto c = MakeWorld("consistency", 30);
-  nlohmann::json layout = {{"tensors", {{{"name", "w0"}, {"numel", 1024}}, {{"name", "w1"}, {"numel", 4096}}}}};
+  nlohmann::json layout = {
+      {"tensors", {{{"name", "w0"}, {"numel", 1024}}, {{"name", "w1"}, {"numel", 4096}}}}};
   if (c->rank() == c->size() - 1) layout["tensors"][1]["numel"] = 4095;
   Status s = CheckConsistency(*c, "model layout", layout);
   ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
