@@ -70,8 +70,20 @@ class DeviceOps {
 // build without CUDA is Unavailable. The Device must outlive the result.
 Result<std::unique_ptr<DeviceOps>> CreateDeviceOps(Device& device, StreamId compute_stream);
 
-// The implementations (device_ops_sim.cc, cuda/device_ops_cuda.cc or its stub).
+// The implementations: device_ops_sim.cc, and cuda/device_ops_cuda.cc (a build without
+// CUDA links nocuda/device_ops_unavailable.cc instead, which refuses with Unavailable).
 std::unique_ptr<DeviceOps> CreateSimDeviceOps(Device& device, StreamId compute_stream);
 Result<std::unique_ptr<DeviceOps>> CreateCudaDeviceOps(Device& device, StreamId compute_stream);
+
+// The same operations on host memory, run on the calling thread (Adam with AdamOnHost,
+// no arena): what the engine uses for buffers on the host tier, whatever the device.
+// The sim device's ops are these, with its Adam on the device's compute stream.
+DeviceOps& HostMemoryOps();
+
+// One CPU Adam step over st = master | m | v (n each) with the fp32 gradient, writing
+// the compute copy to out (16-bit, or fp32 as a copy of the master). arena: where its
+// oneTBB tasks run (nullptr: the caller's).
+Status AdamOnHost(const AdamParams& p, float* st, int64_t n, const float* grad, DType compute, void* out,
+                  tbb::task_arena* arena);
 
 }  // namespace strata::zero

@@ -1,7 +1,6 @@
-// Device ops on the sim device: its memory is host memory, so these are the CPU loops
-// and kernels the engine ran inline before the seam existed, unchanged (the sim engine's
-// results are bit-identical across that change), and the device-tier Adam on the
-// device's compute stream as before.
+// Device ops on host memory, and on the sim device (whose memory is host memory): the
+// CPU loops and kernels the engine ran inline before the seam existed, unchanged (the
+// sim engine's results are bit-identical across that change).
 #include <cstring>
 
 #include "strata/half.h"
@@ -9,12 +8,20 @@
 #include "zero/device_ops.h"
 
 namespace strata::zero {
+
+Status AdamOnHost(const AdamParams& p, float* st, int64_t n, const float* grad, DType compute, void* out,
+                  tbb::task_arena* arena) {
+  Copy16 c16;
+  if (compute != DType::kF32) c16 = Copy16{out, compute};
+  STRATA_RETURN_IF_ERROR(AdamStep(p, st, st + n, st + 2 * n, GradView{grad, DType::kF32}, n, c16, arena));
+  if (compute == DType::kF32) std::memcpy(out, st, n * 4);
+  return OkStatus();
+}
+
 namespace {
 
-class SimDeviceOps final : public DeviceOps {
+class HostOps : public DeviceOps {
  public:
-  SimDeviceOps(Device& device, StreamId compute_stream) : device_(device), compute_stream_(compute_stream) {}
-
   model::Backend model_backend() const override { return model::Backend::kCpu; }
   void* model_stream() const override { return nullptr; }
   Status WaitForModel() override { return OkStatus(); }
@@ -27,13 +34,11 @@ class SimDeviceOps final : public DeviceOps {
     std::memcpy(dst, src, bytes);
     return OkStatus();
   }
-  Status ReadToHost(OpsLane, void* host, const void* dev, uint64_t bytes) override {
-    std::memcpy(host, dev, bytes);
-    return OkStatus();
+  Status ReadToHost(OpsLane lane, void* host, const void* dev, uint64_t bytes) override {
+    return Copy(lane, host, dev, bytes);
   }
-  Status WriteFromHost(OpsLane, void* dev, const void* host, uint64_t bytes) override {
-    std::memcpy(dev, host, bytes);
-    return OkStatus();
+  Status WriteFromHost(OpsLane lane, void* dev, const void* host, uint64_t bytes) override {
+    return Copy(lane, dev, host, bytes);
   }
   Status Accumulate(OpsLane, float* dst, const float* src, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
@@ -49,15 +54,20 @@ class SimDeviceOps final : public DeviceOps {
   }
   Status Adam(OpsLane, const AdamParams& params, float* state, int64_t n, const float* grad, DType compute,
               void* out) override {
-    // The device computes: on the sim device that is the CPU Adam on its compute stream.
-    Status s = device_.Enqueue(compute_stream_, [&] {
-      Copy16 c16;
-      if (compute != DType::kF32) c16 = Copy16{out, compute};
-      STRATA_RETURN_IF_ERROR(
-          AdamStep(params, state, state + n, state + 2 * n, GradView{grad, DType::kF32}, n, c16, nullptr));
-      if (compute == DType::kF32) std::memcpy(out, state, n * 4);
-      return OkStatus();
-    });
+    return AdamOnHost(params, state, n, grad, compute, out, nullptr);
+  }
+};
+
+// The sim device's memory is host memory: the host ops, except that the device-tier
+// Adam runs on the device's compute stream, as the device's own work.
+class SimDeviceOps final : public HostOps {
+ public:
+  SimDeviceOps(Device& device, StreamId compute_stream) : device_(device), compute_stream_(compute_stream) {}
+
+  Status Adam(OpsLane lane, const AdamParams& params, float* state, int64_t n, const float* grad,
+              DType compute, void* out) override {
+    Status s = device_.Enqueue(compute_stream_,
+                               [&] { return HostOps::Adam(lane, params, state, n, grad, compute, out); });
     if (s.ok()) s = device_.Synchronize(compute_stream_);
     return s;
   }
@@ -68,6 +78,11 @@ class SimDeviceOps final : public DeviceOps {
 };
 
 }  // namespace
+
+DeviceOps& HostMemoryOps() {
+  static HostOps ops;
+  return ops;
+}
 
 std::unique_ptr<DeviceOps> CreateSimDeviceOps(Device& device, StreamId compute_stream) {
   return std::make_unique<SimDeviceOps>(device, compute_stream);

@@ -489,11 +489,7 @@ Status Engine::Impl::AllocateMemory() {
         o.grad = static_cast<float*>(g);
       }
     }
-    if (o.grad && grad_tier == ZeroTier::kDevice) {
-      STRATA_RETURN_IF_ERROR(ops->Zero(zero::OpsLane::kTraining, o.grad, opt_bytes));
-    } else if (o.grad) {
-      std::memset(o.grad, 0, opt_bytes);
-    }
+    if (o.grad) STRATA_RETURN_IF_ERROR(OpsOn(grad_tier).Zero(zero::OpsLane::kTraining, o.grad, opt_bytes));
   }
   for (int i = 0; i < spares; ++i) {
     STRATA_ASSIGN_OR_RETURN(void* p, opt_tier == ZeroTier::kDevice ? DeviceAlloc(3 * opt_bytes, "speculation spares")

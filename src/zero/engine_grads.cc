@@ -55,9 +55,7 @@ Status Engine::Impl::AccumulateGradOnNvme(int chunk, const float* part, int micr
       bytes_nvme_read += grad_slot_bytes;
       st = CopyToHost(host_recv, part, bytes);
     }
-    if (st.ok()) {
-      for (int64_t i = 0; i < opt_elems; ++i) buf[i] += host_recv[i];
-    }
+    if (st.ok()) st = zero::HostMemoryOps().Accumulate(zero::OpsLane::kReduce, buf, host_recv, opt_elems);
   }
   if (st.ok() && last_micro_batch) {
     // The global norm and the overflow flag need every shard; take this one's part now,

@@ -160,12 +160,7 @@ Status Engine::Impl::ReduceChunk(int chunk, float* grad, int micro_batch_index, 
     st = CopyToHost(host_recv, part, opt_elems * 4);
     part = host_recv;
   }
-  if (st.ok() && grad_tier == ZeroTier::kDevice) {
-    st = ops->Accumulate(zero::OpsLane::kReduce, opt[chunk].grad, part, opt_elems);
-  } else if (st.ok()) {
-    float* dst = opt[chunk].grad;
-    for (int64_t i = 0; i < opt_elems; ++i) dst[i] += part[i];
-  }
+  if (st.ok()) st = OpsOn(grad_tier).Accumulate(zero::OpsLane::kReduce, opt[chunk].grad, part, opt_elems);
   grad_pool.Give(grad);
   if (!st.ok()) return st.WithContext("reducing the gradients of chunk " + std::to_string(chunk));
   if (last_micro_batch) MaybeSpeculate(chunk);

@@ -54,6 +54,9 @@ struct Engine::Impl {
   Device* device = nullptr;
   // Arithmetic and copies on device memory (device_ops.h).
   std::unique_ptr<zero::DeviceOps> ops;
+  // The ops for buffers on `tier`: the device's for the device tier, the host memory's
+  // for pinned buffers (host and NVMe tiers).
+  zero::DeviceOps& OpsOn(ZeroTier tier) { return tier == ZeroTier::kDevice ? *ops : zero::HostMemoryOps(); }
   HostArena* arena = nullptr;
   std::unique_ptr<HostArena> own_arena;
   std::unique_ptr<IoEngine> io;
@@ -305,10 +308,5 @@ struct Engine::Impl {
   Result<GradStats> LocalGradStats();
   void* Out16Target(int chunk, bool* on_host);
 };
-
-// One Adam step over the state at `st` (master | m | v, n each) with its gradient,
-// writing the compute copy to out (a 16-bit buffer, or fp32 when compute is).
-Status RunAdamOn(const AdamParams& p, float* st, int64_t n, const float* grad, DType compute, void* out,
-                 tbb::task_arena* arena);
 
 }  // namespace strata

@@ -172,7 +172,9 @@ Status Engine::Impl::StepPieceNvme(int chunk, int piece, float grad_scale, bool 
                                    const float* grad, void* out) {
   OptChunk& o = opt[chunk];
   const int64_t n = PieceElems(piece);
-  const std::string name = "chunk " + std::to_string(chunk) + " piece " + std::to_string(piece);
+  // Span names only when a timeline records them: this runs a hundred times a step.
+  const std::string name =
+      timeline ? "chunk " + std::to_string(chunk) + " piece " + std::to_string(piece) : std::string();
   int64_t t0 = NowNs();
   const auto wait_start = std::chrono::steady_clock::now();
   const int key = PieceKey(chunk, piece);
@@ -182,14 +184,15 @@ Status Engine::Impl::StepPieceNvme(int chunk, int piece, float grad_scale, bool 
   float* st = r.buf;
   Status s = r.handle.Wait();
   io_busy_ns += NowNs() - t0;
-  Span(track_nvme, "wait read " + name, wait_start, PieceBytes(piece));
+  if (timeline) Span(track_nvme, "wait read " + name, wait_start, PieceBytes(piece));
   // The piece's read wait, Adam and issuing its write, on the optimizer lane.
   struct StepSpan {
     Impl* s;
     std::string name;
     std::chrono::steady_clock::time_point begin;
     ~StepSpan() { s->Span(s->track_optimizer, name, begin); }
-  } step_span{this, (speculative ? "step (speculative) " : "step ") + name, wait_start};
+  } step_span{this, timeline ? (speculative ? "step (speculative) " : "step ") + name : std::string(),
+              wait_start};
   if (s.ok()) bytes_nvme_read += PieceBytes(piece);
   // Backward finishes chunks in descending order; Step() names the next one it steps.
   if (s.ok()) {
@@ -203,7 +206,7 @@ Status Engine::Impl::StepPieceNvme(int chunk, int piece, float grad_scale, bool 
     AdamParams p = adam;
     p.grad_scale = grad_scale;
     t0 = NowNs();
-    s = RunAdamOn(p, st, n, grad, compute, out, speculative ? &speculation_arena : nullptr);
+    s = zero::AdamOnHost(p, st, n, grad, compute, out, speculative ? &speculation_arena : nullptr);
     opt_busy_ns += NowNs() - t0;
   }
   if (s.ok()) {
@@ -220,7 +223,8 @@ Status Engine::Impl::StepPieceNvme(int chunk, int piece, float grad_scale, bool 
     s = wr.status();
   }
   opt_staging.Give(st);
-  return s.WithContext("NVMe optimizer step of " + name);
+  return s.WithContext("NVMe optimizer step of chunk " + std::to_string(chunk) + " piece " +
+                       std::to_string(piece));
 }
 
 Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative, int next_chunk,

@@ -48,15 +48,6 @@ Status Engine::Impl::PublishParams(int chunk, const void* src, bool from_host) {
   return OkStatus();
 }
 
-Status RunAdamOn(const AdamParams& p, float* st, int64_t n, const float* grad, DType compute, void* out,
-                      tbb::task_arena* arena) {
-  Copy16 c16;
-  if (compute != DType::kF32) c16 = Copy16{out, compute};
-  STRATA_RETURN_IF_ERROR(AdamStep(p, st, st + n, st + 2 * n, GradView{grad, DType::kF32}, n, c16, arena));
-  if (compute == DType::kF32) std::memcpy(out, st, n * 4);
-  return OkStatus();
-}
-
 Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, int next_chunk, const float* grad) {
   if (opt_tier == ZeroTier::kNvme) return StepChunkNvme(chunk, grad_scale, speculative, next_chunk, grad);
   OptChunk& o = opt[chunk];
@@ -70,15 +61,13 @@ Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, in
   }
   int64_t t0 = NowNs();
   const auto span_start = std::chrono::steady_clock::now();
-  if (speculative && opt_tier == ZeroTier::kDevice) {
-    Status c = ops->Copy(zero::OpsLane::kOptimizer, st, o.state, 3 * opt_elems * 4);
+  if (speculative) {
+    Status c = OpsOn(opt_tier).Copy(zero::OpsLane::kOptimizer, st, o.state, 3 * opt_elems * 4);
     if (!c.ok()) {
       std::lock_guard lock(spare_mu);
       spare_states.push_back(st);
       return c.WithContext("optimizer step of chunk " + std::to_string(chunk));
     }
-  } else if (speculative) {
-    std::memcpy(st, o.state, 3 * opt_elems * 4);
   }
   AdamParams p = adam;
   p.grad_scale = grad_scale;
@@ -92,7 +81,7 @@ Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, in
     s = ops->Adam(zero::OpsLane::kOptimizer, p, st, opt_elems, grad, compute, dev_out);
     if (s.ok() && dev_out != out) s = ops->ReadToHost(zero::OpsLane::kOptimizer, out, dev_out, opt_elems * csize);
   } else {
-    s = RunAdamOn(p, st, opt_elems, grad, compute, out, speculative ? &speculation_arena : nullptr);
+    s = zero::AdamOnHost(p, st, opt_elems, grad, compute, out, speculative ? &speculation_arena : nullptr);
   }
   opt_busy_ns += NowNs() - t0;
   Span(track_optimizer, std::string(speculative ? "step (speculative) chunk " : "step chunk ") + std::to_string(chunk),
@@ -117,9 +106,7 @@ void Engine::Impl::MaybeSpeculate(int chunk, const float* grad, std::function<St
       if (grad == nullptr) {
         const auto check_start = std::chrono::steady_clock::now();
         const GradShard shard{GradView{opt[chunk].grad, DType::kF32}, static_cast<size_t>(opt_elems)};
-        auto stats = grad_tier == ZeroTier::kDevice
-                         ? ops->ComputeStats(zero::OpsLane::kOptimizer, {&shard, 1}, &speculation_arena)
-                         : ComputeGradStats(GradView{opt[chunk].grad, DType::kF32}, opt_elems, &speculation_arena);
+        auto stats = OpsOn(grad_tier).ComputeStats(zero::OpsLane::kOptimizer, {&shard, 1}, &speculation_arena);
         Span(track_optimizer, "grad check (speculative) chunk " + std::to_string(chunk), check_start);
         if (!stats.ok()) return stats.status();
         if (stats->has_inf_nan) return OkStatus();  // this step will be skipped anyway
@@ -173,10 +160,9 @@ Status Engine::Impl::RestoreParams(int chunk) {
     STRATA_RETURN_IF_ERROR(WaitNvmeWrites());
     STRATA_RETURN_IF_ERROR(DropNvmeReads());
     STRATA_RETURN_IF_ERROR(ReadMaster(chunk, master.data()));
-  } else if (opt_tier == ZeroTier::kDevice) {
-    STRATA_RETURN_IF_ERROR(ops->ReadToHost(zero::OpsLane::kTraining, master.data(), o.state, opt_elems * 4));
   } else {
-    std::memcpy(master.data(), o.state, opt_elems * 4);
+    STRATA_RETURN_IF_ERROR(
+        OpsOn(opt_tier).ReadToHost(zero::OpsLane::kTraining, master.data(), o.state, opt_elems * 4));
   }
   bool on_host;
   void* out = Out16Target(chunk, &on_host);
@@ -235,8 +221,7 @@ Result<GradStats> Engine::Impl::LocalGradStats() {
   }
   std::vector<GradShard> shards;
   for (const auto& o : opt) shards.push_back(GradShard{GradView{o.grad, DType::kF32}, static_cast<size_t>(opt_elems)});
-  if (grad_tier == ZeroTier::kDevice) return ops->ComputeStats(zero::OpsLane::kTraining, shards);
-  return ComputeGradStats(shards);
+  return OpsOn(grad_tier).ComputeStats(zero::OpsLane::kTraining, shards);
 }
 
 Status Engine::Impl::AllGatherParams() {
@@ -346,11 +331,7 @@ Result<StepResult> Engine::Step() {
   for (auto& o : s.opt) {
     o.speculated = false;
     // nvme: the next first micro-batch overwrites.
-    if (o.grad && s.grad_tier == ZeroTier::kDevice) {
-      STRATA_RETURN_IF_ERROR(s.ops->Zero(zero::OpsLane::kTraining, o.grad, s.opt_elems * 4));
-    } else if (o.grad) {
-      std::memset(o.grad, 0, s.opt_elems * 4);
-    }
+    if (o.grad) STRATA_RETURN_IF_ERROR(s.OpsOn(s.grad_tier).Zero(zero::OpsLane::kTraining, o.grad, s.opt_elems * 4));
   }
   STRATA_RETURN_IF_ERROR(s.scaler->Update(overflow));
   s.micro_batch = 0;
@@ -383,11 +364,9 @@ Status Engine::GatherMaster(int module, int tensor, std::vector<float>* out) {
       s.opt_worker.Drain();
       STRATA_RETURN_IF_ERROR(s.WaitNvmeWrites());
       STRATA_RETURN_IF_ERROR(s.ReadMaster(t.chunk, full.data() + s.opt_offset));
-    } else if (s.opt_tier == ZeroTier::kDevice) {
-      STRATA_RETURN_IF_ERROR(
-          s.ops->ReadToHost(zero::OpsLane::kTraining, full.data() + s.opt_offset, o.state, s.opt_elems * 4));
     } else {
-      std::memcpy(full.data() + s.opt_offset, o.state, s.opt_elems * 4);
+      STRATA_RETURN_IF_ERROR(s.OpsOn(s.opt_tier).ReadToHost(zero::OpsLane::kTraining, full.data() + s.opt_offset,
+                                                            o.state, s.opt_elems * 4));
     }
   }
   if (s.world_size > 1) {
