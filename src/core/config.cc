@@ -84,6 +84,11 @@ Status ReadZero(JsonReader& r, ZeroConfig* z) {
   STRATA_RETURN_IF_ERROR(
       r.Bytes("stage3_param_persistence_threshold", &z->stage3_param_persistence_threshold));
   STRATA_RETURN_IF_ERROR(r.Bytes("sub_group_size", &z->sub_group_size));
+  if (z->sub_group_size == 0) {
+    return InvalidArgumentError(r.Path("sub_group_size") +
+                                ": must be at least 1 parameter (it bounds an NVMe optimizer piece; the default 1e9 "
+                                "leaves the size to strata)");
+  }
   // DeepSpeed keys that strata accepts only in their harmless form.
   bool flag = true;
   STRATA_RETURN_IF_ERROR(r.Bool("contiguous_gradients", &flag));

@@ -271,6 +271,13 @@ Status Engine::Impl::AllocateMemory() {
   pieces = static_cast<int>((opt_elems + piece_elems - 1) / piece_elems);
   if (pieces == 0) pieces = 1;
   opt_set_bytes = Align4K(3 * piece_elems * 4);
+  if (pieces > 1 && 12 * piece_elems < (1 << 20)) {
+    STRATA_LOG(kWarn, "engine") << "zero_optimization.sub_group_size " << config.zero.sub_group_size
+                                << " cuts each shard's optimizer state into " << pieces << " pieces of "
+                                << FormatBytes(12 * piece_elems)
+                                << ": NVMe requests that small cost more than they move; raise it, or leave the "
+                                   "default and strata takes pieces of up to 16 MiB";
+  }
   piece_live.assign(opt_tier == ZeroTier::kNvme ? n_chunks * pieces : 0, 1);
   for (uint64_t c = 0; c < piece_live.size() / pieces; ++c) {
     for (int p = 0; p < pieces; ++p) {

@@ -19,6 +19,10 @@ void ExpectError(const std::string& text, std::initializer_list<std::string> fra
   }
 }
 
+TEST(Config, ZeroSubGroupSizeIsRefusedByName) {
+  ExpectError(R"({"zero_optimization": {"sub_group_size": 0}})", {"zero_optimization.sub_group_size", "at least 1"});
+}
+
 TEST(Config, DefaultsFromEmptyObject) {
   auto c = ParseConfigText("{}");
   ASSERT_TRUE(c.ok()) << c.status().ToString();

@@ -227,6 +227,20 @@ TEST(Engine, HookWithABadModuleIndexIsRefusedByName) {
   }
 }
 
+// Flush waits for the writes behind between steps; inside a micro-batch the optimizer
+// worker owns them, so it is refused there, and allowed again after Step().
+TEST(Engine, FlushInsideAMicroBatchIsRefused) {
+  const zero::TrainSpec spec = SmallSpec(1);
+  auto t = MakeEngine(MakeConfig({3, "nvme", "nvme"}), spec);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  Engine& e = *t->engine;
+  EXPECT_TRUE(e.Flush().ok());
+  ASSERT_TRUE(e.BeginMicroBatch().ok());
+  Status st = e.Flush();
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  EXPECT_NE(st.message().find("after Step()"), std::string::npos) << st.message();
+}
+
 TEST(Engine, GradientsOnNvmeNeedTheOptimizerOnNvme) {
   EngineRun run = RunEngine(World(), MakeConfig({3, "cpu", "nvme", "nvme"}), SmallSpec(1));
   ASSERT_EQ(run.status.code(), StatusCode::kInvalidArgument) << run.status.ToString();
