@@ -77,12 +77,19 @@ IoUringProbe ProbeIoUring();
 
 enum class IoOp { kRead, kWrite };
 
+// Urgent pieces go to the device before the queued normal pieces of their ring (never
+// ahead of pieces already in flight); within a class, pieces keep submission order. For
+// reads someone is blocked on (a parameter shard the next module needs) while reads
+// ahead and writes behind fill the queue. psync serves urgent pieces first too.
+enum class IoPriority { kNormal, kUrgent };
+
 struct IoRequest {
   IoOp op = IoOp::kRead;
   int file = -1;        // id from RegisterFile/RegisterFd
   uint64_t offset = 0;  // bytes into the file
   uint64_t length = 0;  // bytes
   void* buffer = nullptr;
+  IoPriority priority = IoPriority::kNormal;
 };
 
 namespace detail {

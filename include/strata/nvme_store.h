@@ -85,8 +85,9 @@ class NvmeStore {
   // failed write leaves the slot unreadable (FailedPrecondition) until rewritten.
   Result<IoHandle> Write(SlotId slot, const void* buffer, uint64_t length);
   // Reads back exactly what the last successful Write stored (`length` must equal the
-  // written length); Wait() returns Corruption on a checksum mismatch.
-  Result<IoHandle> Read(SlotId slot, void* buffer, uint64_t length);
+  // written length); Wait() returns Corruption on a checksum mismatch. `priority`:
+  // kUrgent for a read someone waits on, served before queued normal I/O (IoPriority).
+  Result<IoHandle> Read(SlotId slot, void* buffer, uint64_t length, IoPriority priority = IoPriority::kNormal);
 
   // Removes the swap and lock files. Refused (FailedPrecondition) with I/O in flight.
   // Idempotent.

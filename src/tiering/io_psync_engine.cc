@@ -49,7 +49,8 @@ class PsyncEngine final : public IoEngine {
     const uint64_t bs = options_.block_size;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      ForEachPiece(requests, state.get(), bs, [&](const IoPiece& p) { queue_.push_back(p); });
+      ForEachPiece(requests, state.get(), bs,
+                   [&](const IoPiece& p) { queue_[static_cast<int>(p.priority)].push_back(p); });
     }
     cv_.notify_all();
   }
@@ -62,10 +63,11 @@ class PsyncEngine final : public IoEngine {
       IoPiece p;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stop_ and drained
-        p = queue_.front();
-        queue_.pop_front();
+        cv_.wait(lock, [&] { return stop_ || !queue_[0].empty() || !queue_[1].empty(); });
+        std::deque<IoPiece>& queue = queue_[1].empty() ? queue_[0] : queue_[1];  // urgent first
+        if (queue.empty()) return;  // stop_ and drained
+        p = queue.front();
+        queue.pop_front();
       }
       Status st = Transfer(p);
       CompletePiece(p, st);
@@ -95,7 +97,7 @@ class PsyncEngine final : public IoEngine {
   FileTable files_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<IoPiece> queue_;
+  std::deque<IoPiece> queue_[2];  // by IoPriority
   bool stop_ = false;
   std::vector<std::thread> workers_;
 };

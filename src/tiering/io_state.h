@@ -45,6 +45,7 @@ struct IoPiece {
   uint32_t done = 0;    // bytes already transferred
   uint32_t retries = 0; // -EAGAIN/-EINTR/zero-progress retries so far
   char* buffer = nullptr;
+  IoPriority priority = IoPriority::kNormal;
 };
 
 // Cuts each request into pieces of at most `block_size` bytes, in order, and hands
@@ -62,6 +63,7 @@ void ForEachPiece(std::span<const IoRequest> requests, IoState* state, uint64_t 
       p.offset = r.offset + off;
       p.length = static_cast<uint32_t>(std::min(block_size, r.length - off));
       p.buffer = static_cast<char*>(r.buffer) + off;
+      p.priority = r.priority;
       emit(p);
     }
   }

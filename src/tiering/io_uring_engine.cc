@@ -39,8 +39,8 @@ struct Ring {
   std::deque<IoPiece> incoming;  // guarded by mu
   bool stop = false;             // guarded by mu
   std::thread thread;
-  // Owned by the ring's thread.
-  std::deque<IoPiece> pending;
+  // Owned by the ring's thread. Queued pieces by IoPriority: urgent ones go first.
+  std::deque<IoPiece> pending[2];
   std::vector<IoPiece> slots;
   std::vector<uint32_t> free_slots;
   bool wake_armed = false;
@@ -250,11 +250,14 @@ class UringEngine final : public IoEngine {
     io_uring_sqe_set_data64(sqe, slot);
   }
 
+  static bool HasPending(const Ring& r) { return !r.pending[0].empty() || !r.pending[1].empty(); }
+
   // Moves submitted pieces into the ring's pending queue; returns whether stop was asked.
   static bool TakeIncoming(Ring& r) {
     std::lock_guard<std::mutex> lock(r.mu);
     while (!r.incoming.empty()) {
-      r.pending.push_back(r.incoming.front());
+      const IoPiece& p = r.incoming.front();
+      r.pending[static_cast<int>(p.priority)].push_back(p);
       r.incoming.pop_front();
     }
     return r.stop;
@@ -270,8 +273,9 @@ class UringEngine final : public IoEngine {
   // the syscall per piece would cost more, and merging helps.
   unsigned PrepPending(Ring& r) {
     unsigned prepared = 0;
-    while (!r.free_slots.empty() && !r.pending.empty()) {
-      const IoPiece& next = r.pending.front();
+    while (!r.free_slots.empty() && HasPending(r)) {
+      std::deque<IoPiece>& queue = r.pending[1].empty() ? r.pending[0] : r.pending[1];
+      const IoPiece& next = queue.front();
       const bool alone = next.length - next.done >= kAlonePieceBytes;
       if (alone && io_uring_sq_ready(&r.ring) > 1) break;
       io_uring_sqe* sqe = io_uring_get_sqe(&r.ring);
@@ -279,7 +283,7 @@ class UringEngine final : public IoEngine {
       uint32_t slot = r.free_slots.back();
       r.free_slots.pop_back();
       r.slots[slot] = next;
-      r.pending.pop_front();
+      queue.pop_front();
       Prep(sqe, r.slots[slot], slot);
       ++prepared;
       if (alone) break;
@@ -322,7 +326,7 @@ class UringEngine final : public IoEngine {
         r.wake_armed = true;
       }
       SubmitPending(r);
-      const bool idle = r.free_slots.size() == r.slots.size() && r.pending.empty();
+      const bool idle = r.free_slots.size() == r.slots.size() && !HasPending(r);
       if (stopping && idle) return;  // incoming was drained above, after stop was seen
       Enter(r, 1);
       unsigned head;
@@ -364,7 +368,7 @@ class UringEngine final : public IoEngine {
     if (out.step == PieceStep::kResubmit) {
       if (out.short_retry) counters_.short_retries.fetch_add(1, std::memory_order_relaxed);
       if (out.again_retry) counters_.again_retries.fetch_add(1, std::memory_order_relaxed);
-      r.pending.push_front(piece);
+      r.pending[static_cast<int>(piece.priority)].push_front(piece);
       return;
     }
     outstanding_.fetch_sub(1, std::memory_order_relaxed);

@@ -215,7 +215,7 @@ Result<IoHandle> NvmeStore::Write(SlotId slot, const void* buffer, uint64_t leng
   return h;
 }
 
-Result<IoHandle> NvmeStore::Read(SlotId slot, void* buffer, uint64_t length) {
+Result<IoHandle> NvmeStore::Read(SlotId slot, void* buffer, uint64_t length, IoPriority priority) {
   Impl& m = *impl_;
   {
     std::lock_guard<std::mutex> lock(m.mu);
@@ -235,7 +235,8 @@ Result<IoHandle> NvmeStore::Read(SlotId slot, void* buffer, uint64_t length) {
   std::vector<IoRequest> reqs;
   reqs.reserve(segs.size());
   for (const auto& s : segs) {
-    reqs.push_back({IoOp::kRead, m.file_ids[s.file], s.offset, s.length, static_cast<char*>(buffer) + s.in_slot});
+    reqs.push_back(
+        {IoOp::kRead, m.file_ids[s.file], s.offset, s.length, static_cast<char*>(buffer) + s.in_slot, priority});
   }
   const uint64_t* sums = m.sums ? &m.sums[uint64_t(slot) * m.max_segs] : nullptr;
   auto* impl = &m;

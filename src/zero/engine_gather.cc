@@ -43,7 +43,7 @@ Status Engine::Impl::FetchShard(int chunk, void* dst, void* staged, std::optiona
       if (staged == nullptr) staged = param_staging.Take();
       if (!read) {
         st = WaitParamWrite(chunk);
-        auto h = st.ok() ? param_store->Read(param_shard[chunk].slot, staged, bytes) : Result<IoHandle>(st);
+        auto h = st.ok() ? param_store->Read(param_shard[chunk].slot, staged, bytes, IoPriority::kUrgent) : Result<IoHandle>(st);
         if (h.ok()) read = *h;
         st = h.status();
       }
@@ -72,7 +72,7 @@ void Engine::Impl::StartGather(int chunk) {
   std::optional<IoHandle> read;
   // A shard the last step is still writing is read by FetchShard once it is on disk.
   if (param_tier == ZeroTier::kNvme && ParamWriteDone(chunk) && (staged = param_staging.TryTake()) != nullptr) {
-    auto h = param_store->Read(param_shard[chunk].slot, staged, shard_bytes);
+    auto h = param_store->Read(param_shard[chunk].slot, staged, shard_bytes, IoPriority::kUrgent);
     if (h.ok()) {
       read = *h;
     } else {

@@ -132,6 +132,42 @@ TEST_P(IoEngineTest, BatchCallsBackOncePerRequest) {
   EXPECT_EQ(h->bytes_done(), uint64_t(n) * 64 * KiB());
 }
 
+// With one piece in flight at a time, an urgent request submitted behind a long queue
+// of normal ones completes long before the queue does; a normal one completes after it
+// (the control: the order is the queue's, not luck).
+TEST_P(IoEngineTest, UrgentRequestsOvertakeQueuedNormalOnes) {
+  IoEngine& e = Make(4 * KiB(), 1, 1);
+  int f = Open("prio");
+  const int n = 256;
+  auto w = Alloc((n + 1) * 4 * KiB());
+  Fill(w.get(), (n + 1) * 4 * KiB(), 11);
+  for (IoPriority late : {IoPriority::kUrgent, IoPriority::kNormal}) {
+    std::atomic<int> done{0};
+    std::vector<IoRequest> queue;
+    for (int i = 0; i < n; ++i) queue.push_back({IoOp::kWrite, f, uint64_t(i) * 4 * KiB(), 4 * KiB(), w.get() + i * 4 * KiB()});
+    auto count = [&](size_t, const Status&) {
+      done.fetch_add(1);
+      return OkStatus();
+    };
+    auto queued = e.Submit(queue, count);
+    ASSERT_TRUE(queued.ok());
+    int finished_before = -1;
+    IoRequest one{IoOp::kWrite, f, uint64_t(n) * 4 * KiB(), 4 * KiB(), w.get() + n * 4 * KiB(), late};
+    auto h = e.Submit({&one, 1}, [&](size_t, const Status&) {
+      finished_before = done.load();
+      return OkStatus();
+    });
+    ASSERT_TRUE(h.ok());
+    ASSERT_TRUE(h->Wait().ok());
+    ASSERT_TRUE(queued->Wait().ok());
+    if (late == IoPriority::kUrgent) {
+      EXPECT_LT(finished_before, n / 2) << "the urgent write waited for most of the queue";
+    } else {
+      EXPECT_EQ(finished_before, n) << "a normal write overtook the queue";
+    }
+  }
+}
+
 TEST_P(IoEngineTest, MisalignedInputIsInvalidArgumentNamingTheValue) {
   IoEngine& e = Make();
   int f = Open("misaligned");
