@@ -20,7 +20,8 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 // Forwards the hooks to the engine and adds up the time spent inside them.
 class TimedHooks : public model::MlpHooks {
  public:
-  explicit TimedHooks(Engine& engine) : engine_(engine) {}
+  TimedHooks(Engine& engine, const std::function<void(int)>& before_backward)
+      : engine_(engine), before_backward_(before_backward) {}
   double seconds = 0;
 
  private:
@@ -32,12 +33,15 @@ class TimedHooks : public model::MlpHooks {
     return r;
   }
   Engine& engine_;
+  const std::function<void(int)>& before_backward_;
 
  public:
   Result<model::ModuleParams> BeforeForward(int m) override { return Time([&] { return engine_.BeforeForward(m); }); }
   Status AfterForward(int m) override { return Time([&] { return engine_.AfterForward(m); }); }
   Result<model::ModuleBackward> BeforeBackward(int m) override {
-    return Time([&] { return engine_.BeforeBackward(m); });
+    auto r = Time([&] { return engine_.BeforeBackward(m); });
+    if (r.ok() && before_backward_) before_backward_(m);
+    return r;
   }
   Status AfterBackward(int m) override { return Time([&] { return engine_.AfterBackward(m); }); }
 };
@@ -55,7 +59,7 @@ Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Conf
   for (int step = 0; step < spec.steps; ++step) {
     double loss = 0;
     const double scale = engine.loss_scale();
-    TimedHooks hooks(engine);
+    TimedHooks hooks(engine, spec.before_backward);
     StepTiming timing;
     auto t0 = std::chrono::steady_clock::now();
     for (int m = 0; m < accum; ++m) {

@@ -3,6 +3,7 @@
 // offload, everything in memory, the same data and the same precision rules).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "strata/comm.h"
@@ -18,6 +19,9 @@ struct TrainSpec {
   model::DataSpec data;
   int steps = 20;
   int64_t micro_batch = 4;  // per rank
+  // Test instrumentation: called on the training thread once the engine's BeforeBackward
+  // hook of module `m` returned, before the module's backward runs. Empty: nothing.
+  std::function<void(int m)> before_backward;
 };
 
 // Wall time of one step on the training thread.
