@@ -107,6 +107,11 @@ struct StepResult {
   double optimizer_busy_s = 0;
   double comm_busy_s = 0;
   double io_busy_s = 0;
+  // Stage 3: how many modules ahead gathers started during this step. Measured, not a
+  // setting: from the previous step's mean gather latency and module compute time, within
+  // what the device budget, stage3_max_live_parameters and stage3_prefetch_bucket_size
+  // leave (the first step prefetches as far as they allow). 0 for stages 0-2.
+  int prefetch_modules = 0;
   uint64_t bytes_nvme_read = 0, bytes_nvme_written = 0;
   uint64_t bytes_h2d = 0, bytes_d2h = 0;
   uint64_t bytes_comm = 0;

@@ -28,7 +28,9 @@ constexpr int kParamStaging = 3;
 
 // Stage 3 gathers run up to this many modules ahead (engine_gather.cc): enough to keep
 // several shard reads in flight; further ahead only holds device memory longer.
-constexpr uint64_t kPrefetchModules = 3;
+// Gather buffers for at most this many modules ahead; the depth used is measured
+// (prefetch_depth.h) within what the budget and DeepSpeed's keys leave of it.
+constexpr uint64_t kMaxPrefetchModules = 8;
 
 // The NVMe optimizer steps a chunk's shard in pieces of at most this much state
 // (master | m | v): small enough that even a tight host budget holds several staging
@@ -411,8 +413,9 @@ Status Engine::Impl::AllocateMemory() {
   gather_buffers = 0;
   if (stage == 3) {
     uint64_t room = dev_have - dev;
-    // Room to gather kPrefetchModules modules ahead of the running one, as the budget allows.
-    uint64_t extra = std::min<uint64_t>(max_module_chunks * (1 + kPrefetchModules), n_chunks) - max_module_chunks;
+    // Room to gather up to kMaxPrefetchModules modules ahead of the running one, as the
+    // budget allows.
+    uint64_t extra = std::min<uint64_t>(max_module_chunks * (1 + kMaxPrefetchModules), n_chunks) - max_module_chunks;
     uint64_t cap = config.zero.stage3_max_live_parameters
                        ? std::max<uint64_t>(config.zero.stage3_max_live_parameters / l.chunk_elems, max_module_chunks)
                        : n_chunks;
@@ -422,7 +425,8 @@ Status Engine::Impl::AllocateMemory() {
       extra = std::min<uint64_t>(extra, config.zero.stage3_prefetch_bucket_size / l.chunk_elems);
     }
     gather_buffers = static_cast<int>(max_module_chunks + extra);
-    prefetch_modules = static_cast<int>(std::max<uint64_t>(1, extra / max_module_chunks));
+    max_prefetch_modules = static_cast<int>(std::max<uint64_t>(1, extra / max_module_chunks));
+    prefetch_modules = max_prefetch_modules;  // until a step has measured (TunePrefetch)
     dev += extra * chunk16;
   }
   info.device_need = dev;
@@ -438,7 +442,8 @@ Status Engine::Impl::AllocateMemory() {
                               << ", host " << FormatBytes(host) << ", nvme " << FormatBytes(nvme)
                               << "; spares " << spares << ", staging sets " << opt_staging_count << " of "
                               << pieces << " piece(s) per chunk"
-                              << ", gather buffers " << gather_buffers << " (prefetch " << prefetch_modules << " modules)"
+                              << ", gather buffers " << gather_buffers << " (prefetch up to " << max_prefetch_modules
+                              << " modules)"
                               << (grad_tier == ZeroTier::kNvme ? "; gradients on NVMe" : "");
 
   if (host > 0 && arena == nullptr) {

@@ -16,6 +16,7 @@
 
 #include "strata/log.h"
 #include "zero/engine_impl.h"
+#include "zero/prefetch_depth.h"
 
 namespace strata {
 
@@ -40,7 +41,10 @@ Status Engine::Impl::FetchShard(int chunk, void* dst, void* staged, std::optiona
       break;
     case ZeroTier::kHost: st = CopyToDevice(dst, param_shard[chunk].ptr, bytes); break;
     case ZeroTier::kNvme: {
-      if (staged == nullptr) staged = param_staging.Take();
+      if (staged == nullptr) {
+        staged = param_staging.Take();
+        --fetches_awaiting_staging;
+      }
       if (!read) {
         st = WaitParamWrite(chunk);
         auto h = st.ok() ? param_store->Read(param_shard[chunk].slot, staged, bytes, IoPriority::kUrgent) : Result<IoHandle>(st);
@@ -68,10 +72,16 @@ void Engine::Impl::StartGather(int chunk) {
   const uint64_t shard_bytes = layout.shard_elems * csize;
   void* mine = static_cast<uint8_t*>(g.buf) + rank * shard_bytes;
   const auto start = std::chrono::steady_clock::now();
+  const int64_t issued_ns = NowNs();
   void* staged = nullptr;
   std::optional<IoHandle> read;
   // A shard the last step is still writing is read by FetchShard once it is on disk.
-  if (param_tier == ZeroTier::kNvme && ParamWriteDone(chunk) && (staged = param_staging.TryTake()) != nullptr) {
+  // Fetches run in order on fetch_worker, and one without a buffer takes one there,
+  // blocking: so a gather may take a buffer here only while no earlier one waits for
+  // one, else the buffers could all go to gathers queued behind the waiter (a deadlock
+  // a deeper prefetch window made happen).
+  if (param_tier == ZeroTier::kNvme && ParamWriteDone(chunk) && fetches_awaiting_staging.load() == 0 &&
+      (staged = param_staging.TryTake()) != nullptr) {
     auto h = param_store->Read(param_shard[chunk].slot, staged, shard_bytes, IoPriority::kUrgent);
     if (h.ok()) {
       read = *h;
@@ -81,9 +91,10 @@ void Engine::Impl::StartGather(int chunk) {
       staged = nullptr;
     }
   }
+  if (param_tier == ZeroTier::kNvme && staged == nullptr) ++fetches_awaiting_staging;
   std::shared_future<Status> fetched = fetch_worker.Submit(
       [this, chunk, mine, staged, read, start] { return FetchShard(chunk, mine, staged, read, start); });
-  g.ready = comm_worker.Submit([this, fetched, g, mine, chunk] {
+  g.ready = comm_worker.Submit([this, fetched, g, mine, chunk, issued_ns] {
     STRATA_RETURN_IF_ERROR(fetched.get());
     int64_t t0 = NowNs();
     const auto span_start = std::chrono::steady_clock::now();
@@ -93,6 +104,8 @@ void Engine::Impl::StartGather(int chunk) {
     comm_busy_ns += NowNs() - t0;
     Span(track_comm, "all-gather chunk " + std::to_string(chunk), span_start, layout.chunk_elems * csize);
     bytes_comm += layout.chunk_elems * csize;
+    gather_latency_ns += NowNs() - issued_ns;
+    ++gathers_timed;
     return st;
   });
   gathered[chunk] = g;
@@ -136,6 +149,23 @@ void Engine::Impl::Prefetch(int pos) {
       StartGather(c);
     }
   }
+}
+
+void Engine::Impl::TunePrefetch() {
+  const int gathers = gathers_timed.exchange(0);
+  const int64_t latency = gather_latency_ns.exchange(0);
+  if (gathers > 0 && modules_timed > 0) {
+    const int depth = zero::PrefetchDepth(latency * 1e-9 / gathers, module_compute_ns * 1e-9 / modules_timed,
+                                          max_prefetch_modules);
+    if (depth != prefetch_modules) {
+      STRATA_LOG(kDebug, "engine") << "prefetch depth " << prefetch_modules << " -> " << depth << " modules (gather "
+                                   << latency / 1e6 / gathers << " ms, module compute "
+                                   << module_compute_ns / 1e6 / modules_timed << " ms)";
+    }
+    prefetch_modules = depth;
+  }
+  module_compute_ns = 0;
+  modules_timed = 0;
 }
 
 void Engine::Impl::ReleaseGathered(int module, int pos) {

@@ -56,6 +56,7 @@ Status Engine::AfterForward(int module) {
   Impl& s = *impl_;
   STRATA_RETURN_IF_ERROR(s.CheckModule(module));
   s.Span(s.track_compute, "forward " + s.modules[module].name, s.module_start);
+  s.TimeModule();
   if (s.stage == 3) {
     // A released gather buffer may be refilled at once: the module's kernels must be done.
     STRATA_RETURN_IF_ERROR(s.ops->WaitForModel());
@@ -97,6 +98,7 @@ Status Engine::AfterBackward(int module) {
   Impl& s = *impl_;
   STRATA_RETURN_IF_ERROR(s.CheckModule(module));
   s.Span(s.track_compute, "backward " + s.modules[module].name, s.module_start);
+  s.TimeModule();
   // The reductions below read the module's gradients; a released gather buffer may be
   // refilled at once.
   STRATA_RETURN_IF_ERROR(s.ops->WaitForModel());

@@ -215,7 +215,16 @@ struct Engine::Impl {
   std::map<int, Gathered> gathered;
   Pool gather_pool;
   int gather_buffers = 0;
-  int prefetch_modules = 1;   // how far ahead in the trace gathers start
+  int prefetch_modules = 1;   // how far ahead in the trace gathers start (TunePrefetch)
+  int max_prefetch_modules = 1;  // what the gather buffers allow
+  // Queued NVMe fetches that will take a parameter staging buffer on fetch_worker.
+  std::atomic<int> fetches_awaiting_staging{0};
+  // This step's measurements for TunePrefetch: gathers from issue to all-gathered (comm
+  // worker), module compute between hooks (training thread).
+  std::atomic<int64_t> gather_latency_ns{0};
+  std::atomic<int> gathers_timed{0};
+  int64_t module_compute_ns = 0;
+  int modules_timed = 0;
 
   // Gradient chunk buffers (fp32, device) handed to the model during backward.
   std::map<int, float*> grad_bufs;
@@ -262,6 +271,13 @@ struct Engine::Impl {
   int BackwardPos(int module) const { return 2 * static_cast<int>(modules.size()) - 1 - module; }
   void* ChunkParams(int chunk);  // compute copy of a chunk (stage 3: gathered)
   Status EnsureGathered(int chunk);
+  void TimeModule() {
+    module_compute_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                                              module_start).count();
+    ++modules_timed;
+  }
+  // Sets prefetch_modules from this step's measurements and clears them (Step()).
+  void TunePrefetch();
   // Starts gathers for the chunks of the next prefetch_modules modules after `pos`.
   void Prefetch(int pos);
   void StartGather(int chunk);

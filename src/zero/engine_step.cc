@@ -340,6 +340,8 @@ Result<StepResult> Engine::Step() {
   r.optimizer_busy_s = s.opt_busy_ns.exchange(0) * 1e-9;
   r.comm_busy_s = s.comm_busy_ns.exchange(0) * 1e-9;
   r.io_busy_s = s.io_busy_ns.exchange(0) * 1e-9;
+  r.prefetch_modules = s.stage == 3 ? s.prefetch_modules : 0;
+  if (s.stage == 3) s.TunePrefetch();
   r.bytes_nvme_read = s.bytes_nvme_read.exchange(0);
   r.bytes_nvme_written = s.bytes_nvme_written.exchange(0);
   r.bytes_h2d = s.bytes_h2d.exchange(0);

@@ -81,6 +81,7 @@ nlohmann::json RunJson(const StepBenchRun& r) {
           {"io_busy_s", s.io_busy_s},
           {"speculative_steps", s.speculative_steps},
           {"redone_steps", s.redone_steps},
+          {"prefetch_modules", s.prefetch_modules},
           {"bytes",
            {{"nvme_read", s.bytes_nvme_read},
             {"nvme_write", s.bytes_nvme_written},
@@ -173,6 +174,10 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
          (c.strata.host_budget ? FormatBytes(c.strata.host_budget) : std::string("derived")) + ")\n";
   out += "  speculative steps    " + std::to_string(main.last.speculative_steps) + " chunks, redone " +
          std::to_string(main.last.redone_steps) + "\n";
+  if (main.last.prefetch_modules > 0) {
+    out += "  prefetch depth       " + std::to_string(main.last.prefetch_modules) +
+           " modules (measured: last step's gather latency over module compute)\n";
+  }
   if (o.measure_rates) {
     out += "  model: bound " + FormatSeconds(model.bound_s) + " (cpu lanes " + FormatSeconds(model.cpu_s) +
            ", nvme " + FormatSeconds(model.nvme_s) + "), serial " + FormatSeconds(model.serial_s) +

@@ -1,5 +1,10 @@
 // The engine at world size 1 (no mpirun): every combination against the reference,
 // overlap, accumulation, clipping, fp16 overflow, bf16, budgets and bad configurations.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+
 #include "engine_checks.h"
 #include "single_world.h"
 #include "fake_gpu.h"
@@ -200,6 +205,46 @@ TEST(Engine, GatherWindowBoundsAreHonouredAndChangeNoResult) {
   EXPECT_TRUE(BitIdentical(wide, one_live));
   EXPECT_LT(no_prefetch.device_high_water, wide.device_high_water);
   EXPECT_LT(one_live.device_high_water, wide.device_high_water);
+  // The depth is measured each step, within what the bounds leave: one module ahead when
+  // they leave room for one, as deep as the budget allows in the first (unmeasured) step.
+  for (const auto& r : no_prefetch.log.results) EXPECT_EQ(r.prefetch_modules, 1);
+  for (const auto& r : one_live.log.results) EXPECT_EQ(r.prefetch_modules, 1);
+  ASSERT_FALSE(wide.log.results.empty());
+  const int first = wide.log.results.front().prefetch_modules;
+  EXPECT_GT(first, 1) << "the first step prefetches as far as the budget allows";
+  for (const auto& r : wide.log.results) {
+    EXPECT_GE(r.prefetch_modules, 1);
+    EXPECT_LE(r.prefetch_modules, first);
+  }
+}
+
+// A gather window deeper than the parameter staging buffers, with shards on NVMe: a
+// fetch that found no free buffer waits for one on the fetch worker, and gathers queued
+// behind it must not take the buffers it waits for (that deadlocked the 100M bench).
+// Many modules of one chunk each, read while the optimizer's own state I/O shares the
+// disk; the run must finish and equal the wide-window run of the same model.
+TEST(Engine, DeepGatherWindowOnNvmeDoesNotStarveItsOwnFetches) {
+  zero::TrainSpec spec = SmallSpec(6);
+  spec.model.hidden.assign(16, 256);
+  spec.micro_batch = 32;
+  const Combo c{3, "nvme", "nvme"};
+  // A deadlock cannot be recovered from: report it and end the process rather than wait
+  // for ctest's timeout.
+  auto run = std::async(std::launch::async, [&] {
+    return RunEngine(World(), MakeConfig(c, R"({"strata": {"chunk_size": "256KiB"}})"), spec);
+  });
+  if (run.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
+    std::fprintf(stderr, "DeepGatherWindowOnNvmeDoesNotStarveItsOwnFetches: no progress in 120 s (deadlock)\n");
+    std::_Exit(1);
+  }
+  EngineRun deep = run.get();
+  ASSERT_TRUE(deep.status.ok()) << deep.status.ToString();
+  ASSERT_FALSE(deep.log.results.empty());
+  EXPECT_GT(deep.log.results.front().prefetch_modules, 3) << "the window should be deeper than the 3 staging buffers";
+  EngineRun narrow =
+      RunEngine(World(), MakeConfig(c, R"({"strata": {"chunk_size": "256KiB"}, "zero_optimization": {"stage3_prefetch_bucket_size": 1}})"), spec);
+  ASSERT_TRUE(narrow.status.ok()) << narrow.status.ToString();
+  EXPECT_TRUE(BitIdentical(deep, narrow));
 }
 
 // Training may stop between hooks: reads already issued (the optimizer-state read-ahead
