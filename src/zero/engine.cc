@@ -26,10 +26,9 @@ ZeroTier TierOf(OffloadDevice d) {
 // and the parameter tier (one per worker that may hold one at a time, plus one).
 constexpr int kParamStaging = 3;
 
-// Stage 3 gathers run up to this many modules ahead (engine_gather.cc): enough to keep
-// several shard reads in flight; further ahead only holds device memory longer.
-// Gather buffers for at most this many modules ahead; the depth used is measured
-// (prefetch_depth.h) within what the budget and DeepSpeed's keys leave of it.
+// Gather buffers for at most this many modules ahead of the running one (stage 3,
+// engine_gather.cc); the depth used is measured (prefetch_depth.h) within what the
+// budget and DeepSpeed's keys leave of it.
 constexpr uint64_t kMaxPrefetchModules = 8;
 
 // The NVMe optimizer steps a chunk's shard in pieces of at most this much state

@@ -27,6 +27,12 @@ void* Engine::Impl::ChunkParams(int chunk) {
   return it->second.buf;
 }
 
+// Someone waits for a shard soon (the module it serves is at most the window ahead): it
+// goes to the disk before the optimizer's reads ahead and writes behind.
+Result<IoHandle> Engine::Impl::ReadParamShard(int chunk, void* staged) {
+  return param_store->Read(param_shard[chunk].slot, staged, layout.shard_elems * csize, IoPriority::kUrgent);
+}
+
 // Brings this rank's 16-bit shard of `chunk` into dst (device memory). For the NVMe tier
 // `read` is the read already issued into `staged`, or empty to read now.
 Status Engine::Impl::FetchShard(int chunk, void* dst, void* staged, std::optional<IoHandle> read,
@@ -47,7 +53,7 @@ Status Engine::Impl::FetchShard(int chunk, void* dst, void* staged, std::optiona
       }
       if (!read) {
         st = WaitParamWrite(chunk);
-        auto h = st.ok() ? param_store->Read(param_shard[chunk].slot, staged, bytes, IoPriority::kUrgent) : Result<IoHandle>(st);
+        auto h = st.ok() ? ReadParamShard(chunk, staged) : Result<IoHandle>(st);
         if (h.ok()) read = *h;
         st = h.status();
       }
@@ -82,7 +88,7 @@ void Engine::Impl::StartGather(int chunk) {
   // a deeper prefetch window made happen).
   if (param_tier == ZeroTier::kNvme && ParamWriteDone(chunk) && fetches_awaiting_staging.load() == 0 &&
       (staged = param_staging.TryTake()) != nullptr) {
-    auto h = param_store->Read(param_shard[chunk].slot, staged, shard_bytes, IoPriority::kUrgent);
+    auto h = ReadParamShard(chunk, staged);
     if (h.ok()) {
       read = *h;
     } else {

@@ -281,6 +281,8 @@ struct Engine::Impl {
   // Starts gathers for the chunks of the next prefetch_modules modules after `pos`.
   void Prefetch(int pos);
   void StartGather(int chunk);
+  // Reads this rank's 16-bit shard of `chunk` from NVMe into `staged`, as urgent I/O.
+  Result<IoHandle> ReadParamShard(int chunk, void* staged);
   // After the module at `pos` ran: frees gathered chunks no module in the window needs.
   void ReleaseGathered(int module, int pos);
   Status FetchShard(int chunk, void* dst, void* staged, std::optional<IoHandle> read,

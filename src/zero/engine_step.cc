@@ -1,9 +1,9 @@
 // The optimizer step: global norm and overflow, speculative steps during backward and
 // their commit or redo, the pipelined NVMe path, and putting the updated compute
 // parameters where the next forward reads them.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <algorithm>
 #include <cstring>
 
 #include "strata/grad_stats.h"

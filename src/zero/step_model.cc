@@ -137,18 +137,16 @@ StepModel ModelStep(const LaneRates& rates, const LaneWork& w, bool shared_cpu) 
   m.lanes = {{"compute", w.compute_s}, {"cpu_adam", adam}, {"copies", copy},
              {"collectives", comm},    {"nvme_read", rd},  {"nvme_write", wr}};
   m.nvme_s = rd + wr;  // one disk: reads and writes share it
-  if (shared_cpu) {
-    m.cpu_s = w.compute_s + adam + copy + comm;
-    m.bound_s = std::max(m.cpu_s, m.nvme_s);
-  } else {
-    m.cpu_s = adam;
-    m.bound_s = std::max({w.compute_s, adam, copy, comm, m.nvme_s});
-  }
+  m.cpu_s = shared_cpu ? w.compute_s + adam + copy + comm : adam;
+  // The slowest lane, with the disk taking `disk_s`.
+  auto bound = [&](double disk_s) {
+    return shared_cpu ? std::max(m.cpu_s, disk_s) : std::max({w.compute_s, adam, copy, comm, disk_s});
+  };
+  m.bound_s = bound(m.nvme_s);
   for (auto& [name, s] : m.lanes) m.serial_s += s;
   if (rates.nvme_mixed_bytes_per_s > 0) {
     m.nvme_mixed_s = rate(w.nvme_read_bytes + w.nvme_write_bytes, rates.nvme_mixed_bytes_per_s);
-    m.bound_mixed_s = shared_cpu ? std::max(m.cpu_s, m.nvme_mixed_s)
-                                 : std::max({w.compute_s, adam, copy, comm, m.nvme_mixed_s});
+    m.bound_mixed_s = bound(m.nvme_mixed_s);
   }
   return m;
 }
