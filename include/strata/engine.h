@@ -134,6 +134,11 @@ struct EngineLayoutInfo {
   int64_t optimizer_piece_elems = 0;
   int optimizer_staging_sets = 0;  // pinned sets of one piece's state each
   int optimizer_padding_pieces = 0;  // this rank's pieces wholly in chunk padding: never moved
+  // Stage 3: chunks that stay gathered on the device from their forward use to their
+  // backward use instead of being gathered twice: those under
+  // stage3_param_persistence_threshold, then the nearest reuses within
+  // stage3_max_reuse_distance, as the device budget allows after the prefetch window.
+  int kept_chunks = 0;
 };
 
 class Engine : public model::MlpHooks {

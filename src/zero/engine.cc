@@ -9,6 +9,7 @@
 #include "strata/topology.h"
 #include "strata/units.h"
 #include "zero/engine_impl.h"
+#include "zero/keep_plan.h"
 
 namespace strata {
 namespace {
@@ -253,6 +254,14 @@ Status Engine::Impl::Init(const ParamInit& init) {
   return InitParams(init);
 }
 
+Result<uint64_t> Engine::Impl::LeastOverRanks(uint64_t v) {
+  if (world_size == 1) return v;
+  std::vector<uint64_t> all(world_size);
+  // Moved as bytes (two floats each); nothing is computed on them in transit.
+  STRATA_RETURN_IF_ERROR(world->AllGather(&v, all.data(), 2, DType::kF32).Wait());
+  return *std::min_element(all.begin(), all.end());
+}
+
 Status Engine::Impl::AllocateMemory() {
   const zero::Layout& l = layout;
   const uint64_t n_chunks = l.num_chunks;
@@ -296,10 +305,14 @@ Status Engine::Impl::AllocateMemory() {
   // Fixed needs per tier.
   uint64_t dev = grad_buffers * l.chunk_elems * 4 + recv_elems * 4;
   uint64_t host = 0, nvme = 0;
+  uint64_t persistent = 0;  // chunks kept gathered for stage3_param_persistence_threshold
   if (stage < 3) {
     dev += n_chunks * chunk16;
   } else {
     dev += max_module_chunks * chunk16;  // the minimum gather window; more if it fits
+    // Chunks of small tensors only stay gathered whatever the budget, as DeepSpeed's do.
+    persistent = zero::PlanKeep(l, 0, config.zero.stage3_param_persistence_threshold, 0).persistent;
+    dev += persistent * chunk16;
     if (param_tier == ZeroTier::kDevice) dev += n_chunks * shard16;
     if (param_tier == ZeroTier::kHost) host += n_chunks * Align4K(shard16);
     if (param_tier == ZeroTier::kNvme) nvme += n_chunks * Align4K(shard16);
@@ -328,10 +341,14 @@ Status Engine::Impl::AllocateMemory() {
   if (dev > dev_have) {
     return OutOfBudgetError("engine: the device tier cannot hold this configuration: it needs " + FormatBytes(dev) +
                             " (compute params, gradient buffers" +
-                            std::string(opt_tier == ZeroTier::kDevice ? ", optimizer state" : "") + ") and has " +
-                            FormatBytes(dev_have) + " of " + FormatBytes(device->capacity()) +
+                            std::string(opt_tier == ZeroTier::kDevice ? ", optimizer state" : "") +
+                            (persistent ? ", " + std::to_string(persistent) +
+                                              " chunks kept gathered for stage3_param_persistence_threshold"
+                                        : std::string()) +
+                            ") and has " + FormatBytes(dev_have) + " of " + FormatBytes(device->capacity()) +
                             "; raise strata.device_budget, use a higher zero stage, or offload "
-                            "(offload_optimizer / offload_param)");
+                            "(offload_optimizer / offload_param)" +
+                            (persistent ? std::string(", or lower stage3_param_persistence_threshold") : "") );
   }
   // Optional extras, as the budgets allow: speculation spares and a wider gather window.
   uint64_t host_budget = config.strata.host_budget;
@@ -411,14 +428,17 @@ Status Engine::Impl::AllocateMemory() {
   }
   gather_buffers = 0;
   if (stage == 3) {
-    uint64_t room = dev_have - dev;
+    // Which chunks are gathered, kept and released must be the same on every rank (each
+    // gather is a collective): plan with the least room any rank has.
+    STRATA_ASSIGN_OR_RETURN(uint64_t room, LeastOverRanks(dev_have - dev));
     // Room to gather up to kMaxPrefetchModules modules ahead of the running one, as the
     // budget allows.
     uint64_t extra = std::min<uint64_t>(max_module_chunks * (1 + kMaxPrefetchModules), n_chunks) - max_module_chunks;
     uint64_t cap = config.zero.stage3_max_live_parameters
                        ? std::max<uint64_t>(config.zero.stage3_max_live_parameters / l.chunk_elems, max_module_chunks)
                        : n_chunks;
-    extra = std::min<uint64_t>({extra, room / chunk16, cap - std::min<uint64_t>(cap, max_module_chunks)});
+    cap -= std::min<uint64_t>(cap, max_module_chunks);
+    extra = std::min<uint64_t>({extra, room / chunk16, cap});
     // Shards on NVMe are read into kParamStaging pinned buffers; a gather beyond those
     // reads only when a buffer frees, on the serial fetch worker, so a deeper window
     // would hold device memory to queue (the 100M bench: 315 MiB of device instead of
@@ -428,10 +448,30 @@ Status Engine::Impl::AllocateMemory() {
     if (config.zero.stage3_prefetch_bucket_size) {
       extra = std::min<uint64_t>(extra, config.zero.stage3_prefetch_bucket_size / l.chunk_elems);
     }
-    gather_buffers = static_cast<int>(max_module_chunks + extra);
     max_prefetch_modules = static_cast<int>(std::max<uint64_t>(1, extra / max_module_chunks));
     prefetch_modules = max_prefetch_modules;  // until a step has measured (TunePrefetch)
-    dev += extra * chunk16;
+    // What is left keeps chunks gathered from forward to backward, nearest reuse first,
+    // instead of reading, copying and all-gathering them again (keep_plan.h): as many
+    // as the buffers the budget allows hold at the trace's fullest point, which the
+    // window and the kept chunks partly share (the last modules are both).
+    const int fixed = static_cast<int>(max_module_chunks + persistent);
+    const int allowed = fixed + static_cast<int>(std::min<uint64_t>(room / chunk16, cap));
+    auto plan = [&](int spare) {
+      return zero::PlanKeep(l, config.zero.stage3_max_reuse_distance, config.zero.stage3_param_persistence_threshold,
+                            spare);
+    };
+    auto peak = [&](const zero::KeepPlan& p) { return zero::PeakGathered(l, p.kept, max_prefetch_modules); };
+    int lo = 0, hi = static_cast<int>(n_chunks);  // the most spare buffers whose plan fits
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (peak(plan(mid)) <= allowed) lo = mid;
+      else hi = mid - 1;
+    }
+    const zero::KeepPlan keep = plan(lo);
+    kept_chunk = keep.kept;
+    info.kept_chunks = keep.total();
+    gather_buffers = std::max(peak(keep), fixed);
+    dev += (gather_buffers - fixed) * chunk16;
   }
   info.device_need = dev;
   info.host_need = host;
@@ -447,7 +487,7 @@ Status Engine::Impl::AllocateMemory() {
                               << "; spares " << spares << ", staging sets " << opt_staging_count << " of "
                               << pieces << " piece(s) per chunk"
                               << ", gather buffers " << gather_buffers << " (prefetch up to " << max_prefetch_modules
-                              << " modules)"
+                              << " modules, " << info.kept_chunks << " chunks kept from forward to backward)"
                               << (grad_tier == ZeroTier::kNvme ? "; gradients on NVMe" : "");
 
   if (host > 0 && arena == nullptr) {

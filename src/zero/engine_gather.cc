@@ -3,9 +3,11 @@
 // The trace of a micro-batch is forward 0..L then backward L..0. Gathers start for the
 // next prefetch_modules modules after the one running, as gather buffers allow; a
 // gathered chunk stays while a module in that window needs it, so the last modules of
-// forward are still there when backward starts with them. Which chunks are gathered and
-// released depends only on module indices and buffer counts, never on timing, so every
-// rank issues the same all-gathers in the same order.
+// forward are still there when backward starts with them, and the chunks the keep plan
+// chose (keep_plan.h) stay from forward to backward. Which chunks are gathered and
+// released depends only on module indices, buffer counts and the depth, which the
+// ranks agree on (engine.cc, Step()), never on timing, so every rank issues the same
+// all-gathers in the same order.
 //
 // NVMe shards are read in two halves: the read is issued on the training thread as
 // soon as the gather starts (into a pinned staging buffer, when one is free), and
@@ -157,21 +159,31 @@ void Engine::Impl::Prefetch(int pos) {
   }
 }
 
-void Engine::Impl::TunePrefetch() {
+int Engine::Impl::MeasuredPrefetch() {
   const int gathers = gathers_timed.exchange(0);
   const int64_t latency = gather_latency_ns.exchange(0);
+  int depth = prefetch_modules;
   if (gathers > 0 && modules_timed > 0) {
-    const int depth = zero::PrefetchDepth(latency * 1e-9 / gathers, module_compute_ns * 1e-9 / modules_timed,
-                                          max_prefetch_modules);
-    if (depth != prefetch_modules) {
-      STRATA_LOG(kDebug, "engine") << "prefetch depth " << prefetch_modules << " -> " << depth << " modules (gather "
-                                   << latency / 1e6 / gathers << " ms, module compute "
-                                   << module_compute_ns / 1e6 / modules_timed << " ms)";
-    }
-    prefetch_modules = depth;
+    depth = zero::PrefetchDepth(latency * 1e-9 / gathers, module_compute_ns * 1e-9 / modules_timed,
+                                max_prefetch_modules);
+    STRATA_LOG(kDebug, "engine") << "measured prefetch depth " << depth << " modules (gather "
+                                 << latency / 1e6 / gathers << " ms, module compute "
+                                 << module_compute_ns / 1e6 / modules_timed << " ms)";
   }
   module_compute_ns = 0;
   modules_timed = 0;
+  return depth;
+}
+
+Status Engine::Impl::DropGathered() {
+  Status first;
+  for (auto& [chunk, g] : gathered) {
+    Status st = g.ready.get();  // the buffer is free only once its gather is done
+    if (first.ok() && !st.ok()) first = st;
+    gather_pool.free.push_back(g.buf);
+  }
+  gathered.clear();
+  return first;
 }
 
 void Engine::Impl::ReleaseGathered(int module, int pos) {
@@ -183,7 +195,9 @@ void Engine::Impl::ReleaseGathered(int module, int pos) {
     keep.insert(keep.end(), chunks.begin(), chunks.end());
   }
   for (auto it = gathered.begin(); it != gathered.end();) {
-    const bool needed = std::find(keep.begin(), keep.end(), it->first) != keep.end();
+    // A kept chunk stays until the backward of the first module that uses it.
+    const bool needed = std::find(keep.begin(), keep.end(), it->first) != keep.end() ||
+                        (kept_chunk[it->first] && pos < BackwardPos(layout.chunk_first_module[it->first]));
     // A chunk still in flight is waited for: releasing must not depend on timing.
     if (it->second.users == 0 && !needed) {
       Status st = it->second.ready.get();

@@ -216,6 +216,8 @@ struct Engine::Impl {
   Pool gather_pool;
   int gather_buffers = 0;
   int prefetch_modules = 1;   // how far ahead in the trace gathers start (TunePrefetch)
+  // By chunk: stays gathered from its forward use to its last backward use (keep_plan.h).
+  std::vector<uint8_t> kept_chunk;
   int max_prefetch_modules = 1;  // what the gather buffers allow
   // Queued NVMe fetches that will take a parameter staging buffer on fetch_worker.
   std::atomic<int> fetches_awaiting_staging{0};
@@ -264,6 +266,8 @@ struct Engine::Impl {
   Result<void*> HostAlloc(uint64_t bytes, const char* what);
   Status CopyToDevice(void* dst, const void* src, uint64_t bytes);
   Status CopyToHost(void* dst, const void* src, uint64_t bytes);
+  // The least of `v` over the ranks (collective over world; v itself at world size 1).
+  Result<uint64_t> LeastOverRanks(uint64_t v);
 
   // --- engine_gather.cc (stage 3) ---
   // Positions in one micro-batch's trace: forward 0..L, then backward L..0.
@@ -276,8 +280,10 @@ struct Engine::Impl {
                                                                               module_start).count();
     ++modules_timed;
   }
-  // Sets prefetch_modules from this step's measurements and clears them (Step()).
-  void TunePrefetch();
+  // The prefetch depth this step's measurements ask for (prefetch_depth.h); clears them.
+  int MeasuredPrefetch();
+  // Releases every gathered chunk (Step(): the parameters are about to change).
+  Status DropGathered();
   // Starts gathers for the chunks of the next prefetch_modules modules after `pos`.
   void Prefetch(int pos);
   void StartGather(int chunk);

@@ -262,23 +262,32 @@ Result<StepResult> Engine::Step() {
   // Writes behind go on into the next forward: what reads or rewrites a slot waits for
   // its writes (SettleCommit, WaitSlotWrites, WaitParamWrite).
   r.step_wait_s = (NowNs() - t_start) * 1e-9;
+  if (s.stage == 3) {
+    // Normally nothing is left after a backward; a forward without one leaves its kept
+    // chunks, which the step is about to make stale.
+    STRATA_RETURN_IF_ERROR(s.DropGathered());
+  }
 
-  // Global norm and overflow: every rank's shard stats, summed in rank order in double.
+  // Global norm and overflow: every rank's shard stats, summed in rank order in double;
+  // with them, the prefetch depth each rank measured, of which all take the deepest (the
+  // ranks must release and gather the same chunks).
   STRATA_ASSIGN_OR_RETURN(GradStats local, s.LocalGradStats());
   double sum_sq = local.sum_sq;
   bool overflow = local.has_inf_nan;
+  int depth = s.stage == 3 ? s.MeasuredPrefetch() : 0;
   if (s.stage > 0 && s.world_size > 1) {
-    double mine[2] = {local.sum_sq, local.has_inf_nan ? 1.0 : 0.0};
-    std::vector<double> all(2 * s.world_size);
+    double mine[3] = {local.sum_sq, local.has_inf_nan ? 1.0 : 0.0, static_cast<double>(depth)};
+    std::vector<double> all(3 * s.world_size);
     auto done = s.comm_worker.Submit([&] {
-      return s.world->AllGather(mine, all.data(), 4, DType::kF32).Wait();  // 2 doubles as 4 floats
+      return s.world->AllGather(mine, all.data(), 6, DType::kF32).Wait();  // 3 doubles as 6 floats
     });
     STRATA_RETURN_IF_ERROR(done.get());
     sum_sq = 0;
     overflow = false;
     for (int q = 0; q < s.world_size; ++q) {
-      sum_sq += all[2 * q];
-      overflow = overflow || all[2 * q + 1] != 0;
+      sum_sq += all[3 * q];
+      overflow = overflow || all[3 * q + 1] != 0;
+      depth = std::max(depth, static_cast<int>(all[3 * q + 2]));
     }
   }
   const double loss_scale = s.scaler->scale();
@@ -341,7 +350,7 @@ Result<StepResult> Engine::Step() {
   r.comm_busy_s = s.comm_busy_ns.exchange(0) * 1e-9;
   r.io_busy_s = s.io_busy_ns.exchange(0) * 1e-9;
   r.prefetch_modules = s.stage == 3 ? s.prefetch_modules : 0;
-  if (s.stage == 3) s.TunePrefetch();
+  if (s.stage == 3) s.prefetch_modules = depth;
   r.bytes_nvme_read = s.bytes_nvme_read.exchange(0);
   r.bytes_nvme_written = s.bytes_nvme_written.exchange(0);
   r.bytes_h2d = s.bytes_h2d.exchange(0);

@@ -108,6 +108,7 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
                 {"chunks", main.layout.num_chunks},
                 {"chunk_elems", main.layout.chunk_elems},
                 {"micro_batch", o.spec.micro_batch},
+                {"kept_chunks", main.layout.kept_chunks},
                 {"hidden", o.spec.model.hidden}};
   j["budget_need"] = {{"device", main.layout.device_need}, {"host", main.layout.host_need},
                       {"nvme", main.layout.nvme_need}};
@@ -177,6 +178,10 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
   if (main.last.prefetch_modules > 0) {
     out += "  prefetch depth       " + std::to_string(main.last.prefetch_modules) +
            " modules (measured: last step's gather latency over module compute)\n";
+  }
+  if (c.zero.stage == 3) {
+    out += "  kept gathered        " + std::to_string(main.layout.kept_chunks) + " of " +
+           std::to_string(main.layout.num_chunks) + " chunks, from forward to backward\n";
   }
   if (o.measure_rates) {
     out += "  model: bound " + FormatSeconds(model.bound_s) + " (cpu lanes " + FormatSeconds(model.cpu_s) +

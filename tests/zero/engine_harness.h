@@ -117,16 +117,18 @@ struct EngineRun {
   std::vector<std::vector<std::vector<float>>> params;  // [module][tensor]
   uint64_t device_high_water = 0, device_capacity = 0;
   uint64_t host_need = 0;
+  int kept_chunks = 0, num_chunks = 0;  // from layout_info()
   Status status;
 };
 
 // kind: the engine's device (cuda: engine_cuda_gpu_test, one rank, no device communicator).
+// device_capacity: the sim device's size when not 0 (else strata.device_budget).
 inline EngineRun RunEngine(Communicator& world, const Config& config, const zero::TrainSpec& spec,
-                           DeviceKind kind = DeviceKind::kSim) {
+                           DeviceKind kind = DeviceKind::kSim, uint64_t device_capacity = 0) {
   EngineRun run;
   DeviceOptions dopt;
   dopt.kind = kind;
-  dopt.capacity = config.strata.device_budget;
+  dopt.capacity = device_capacity ? device_capacity : config.strata.device_budget;
   auto dev = CreateDevice(dopt);
   if (!dev.ok()) {
     run.status = dev.status();
@@ -159,6 +161,8 @@ inline EngineRun RunEngine(Communicator& world, const Config& config, const zero
   run.device_high_water = (*dev)->high_water();
   run.device_capacity = (*dev)->capacity();
   run.host_need = (*engine)->layout_info().host_need;
+  run.kept_chunks = (*engine)->layout_info().kept_chunks;
+  run.num_chunks = (*engine)->layout_info().num_chunks;
   return run;
 }
 

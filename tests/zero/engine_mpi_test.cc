@@ -24,6 +24,27 @@ TEST(EngineMpi, ClippingMatchesTheReference) { CheckClipping(World()); }
 TEST(EngineMpi, Fp16OverflowStepsAreSkippedAsInTheReference) { CheckFp16Overflow(World()); }
 TEST(EngineMpi, Bf16MatchesTheReference) { CheckBf16(World()); }
 
+// Each gather is a collective, so every rank must gather, keep and release the same
+// chunks. A rank with more device room than the others plans with the least any rank
+// has: here rank r's device has r MiB more, and the result equals a run where every
+// rank has the same device. (Planned per rank, the richer ranks kept chunks the others
+// gathered again, and the all-gathers no longer matched.)
+TEST(EngineMpi, RanksWithDifferentDeviceRoomKeepTheSameChunks) {
+  zero::TrainSpec spec = SmallSpec(3);
+  spec.model.hidden.assign(8, 64);
+  const Config config = MakeConfig({3, "cpu", "cpu"});
+  const uint64_t base = 256 << 10;
+  EngineRun same = RunEngine(World(), config, spec, DeviceKind::kSim, base);
+  ASSERT_TRUE(same.status.ok()) << same.status.ToString();
+  ASSERT_GT(same.kept_chunks, 0);
+  ASSERT_LT(same.kept_chunks, same.num_chunks) << "the base device must be too small to keep every chunk";
+  const uint64_t mine = base + static_cast<uint64_t>(World().rank()) * (1 << 20);
+  EngineRun mixed = RunEngine(World(), config, spec, DeviceKind::kSim, mine);
+  ASSERT_TRUE(mixed.status.ok()) << mixed.status.ToString();
+  EXPECT_EQ(mixed.kept_chunks, same.kept_chunks);
+  EXPECT_TRUE(BitIdentical(same, mixed));
+}
+
 // On a GPU the gradients and parameters are reduced and gathered in device memory, which
 // the MPI world cannot take: Create refuses a missing or host device communicator by
 // name, before it touches the device (so a fake GPU serves, without a GPU).

@@ -198,7 +198,11 @@ TEST(Engine, GatherWindowBoundsAreHonouredAndChangeNoResult) {
   spec.model.hidden.assign(8, 64);
   const Combo c{3, "cpu", "nvme"};
   EngineRun wide = RunEngine(World(), MakeConfig(c), spec);
-  EngineRun no_prefetch = RunEngine(World(), MakeConfig(c, R"({"zero_optimization": {"stage3_prefetch_bucket_size": 1}})"), spec);
+  // Without keeping chunks from forward to backward, which would take the room back.
+  EngineRun no_prefetch = RunEngine(
+      World(),
+      MakeConfig(c, R"({"zero_optimization": {"stage3_prefetch_bucket_size": 1, "stage3_max_reuse_distance": 0}})"),
+      spec);
   EngineRun one_live = RunEngine(World(), MakeConfig(c, R"({"zero_optimization": {"stage3_max_live_parameters": 1}})"), spec);
   for (const EngineRun* r : {&wide, &no_prefetch, &one_live}) ASSERT_TRUE(r->status.ok()) << r->status.ToString();
   EXPECT_TRUE(BitIdentical(wide, no_prefetch));
@@ -216,6 +220,78 @@ TEST(Engine, GatherWindowBoundsAreHonouredAndChangeNoResult) {
     EXPECT_GE(r.prefetch_modules, 1);
     EXPECT_LE(r.prefetch_modules, first);
   }
+}
+
+// Chunks kept gathered from forward to backward are not fetched, copied and gathered a
+// second time, and change nothing in the result. Kept is what the device budget leaves
+// after the prefetch window, nearest reuse first, within stage3_max_reuse_distance and
+// stage3_max_live_parameters; chunks of tensors under stage3_param_persistence_threshold
+// are kept whatever the reuse distance.
+TEST(Engine, KeptChunksAreGatheredOnceAndChangeNoResult) {
+  zero::TrainSpec spec = SmallSpec(4);
+  spec.model.hidden.assign(8, 64);
+  for (const Combo& c : {Combo{3, "nvme", "nvme"}, Combo{3, "cpu", "cpu"}}) {
+    SCOPED_TRACE(ComboName(c));
+    const std::string small = R"("strata": {"chunk_size": "16KiB", "device_budget": "16MiB"})";
+    EngineRun kept = RunEngine(World(), MakeConfig(c, "{" + small + "}"), spec);
+    EngineRun none = RunEngine(
+        World(),
+        MakeConfig(c, "{" + small + R"(, "zero_optimization": {"stage3_max_reuse_distance": 0,
+                                     "stage3_prefetch_bucket_size": 1}})"),
+        spec);
+    EngineRun live = RunEngine(
+        World(), MakeConfig(c, "{" + small + R"(, "zero_optimization": {"stage3_max_live_parameters": 1}})"), spec);
+    EngineRun persist = RunEngine(
+        World(),
+        MakeConfig(c, "{" + small + R"(, "zero_optimization": {"stage3_max_reuse_distance": 0,
+                                     "stage3_prefetch_bucket_size": 1,
+                                     "stage3_param_persistence_threshold": 1e9}})"),
+        spec);
+    for (const EngineRun* r : {&kept, &none, &live, &persist}) ASSERT_TRUE(r->status.ok()) << r->status.ToString();
+    ASSERT_FALSE(kept.log.results.empty());
+    const int chunks = kept.num_chunks;
+    EXPECT_EQ(kept.kept_chunks, chunks) << "the device budget holds every chunk";
+    EXPECT_EQ(none.kept_chunks, 1) << "distance 0: only the last module's chunk";
+    EXPECT_EQ(live.kept_chunks, 0) << "stage3_max_live_parameters leaves room for no chunk but the running one";
+    EXPECT_EQ(persist.kept_chunks, chunks) << "every tensor is under the threshold";
+    EXPECT_TRUE(BitIdentical(kept, none));
+    EXPECT_TRUE(BitIdentical(kept, live));
+    EXPECT_TRUE(BitIdentical(kept, persist));
+    // Each chunk is gathered once per micro-batch when kept, twice (less the turn) when not.
+    auto gathered = [](const EngineRun& r) {
+      uint64_t b = 0;
+      for (const auto& s : r.log.results) b += s.bytes_comm + s.bytes_h2d;
+      return b;
+    };
+    EXPECT_LT(gathered(kept), gathered(none));
+    EXPECT_EQ(gathered(kept), gathered(persist));
+    if (std::string(c.param) == "nvme") {
+      auto read = [](const EngineRun& r) {
+        uint64_t b = 0;
+        for (const auto& s : r.log.results) b += s.bytes_nvme_read;
+        return b;
+      };
+      EXPECT_LT(read(kept), read(none)) << "kept chunks are not read from NVMe again";
+    }
+  }
+}
+
+// A device budget that cannot hold the persistent chunks is refused at creation, naming
+// the key that asks for them.
+TEST(Engine, PersistentChunksBeyondTheDeviceBudgetAreRefused) {
+  zero::TrainSpec spec = SmallSpec(1);
+  spec.model.hidden.assign(8, 64);
+  const Combo c{3, "cpu", "cpu"};
+  const std::string base = R"("strata": {"chunk_size": "16KiB", "device_budget": "200KiB"})";
+  EngineRun fits = RunEngine(World(), MakeConfig(c, "{" + base + "}"), spec);
+  ASSERT_TRUE(fits.status.ok()) << fits.status.ToString();
+  EngineRun refused = RunEngine(
+      World(), MakeConfig(c, "{" + base + R"(, "zero_optimization": {"stage3_param_persistence_threshold": 1e9}})"),
+      spec);
+  ASSERT_FALSE(refused.status.ok());
+  EXPECT_EQ(refused.status.code(), StatusCode::kOutOfBudget) << refused.status.ToString();
+  EXPECT_NE(refused.status.message().find("stage3_param_persistence_threshold"), std::string::npos)
+      << refused.status.ToString();
 }
 
 // The prefetch window with shards on NVMe is no deeper than the pinned staging buffers
