@@ -305,14 +305,17 @@ Status Engine::Impl::AllocateMemory() {
   // Fixed needs per tier.
   uint64_t dev = grad_buffers * l.chunk_elems * 4 + recv_elems * 4;
   uint64_t host = 0, nvme = 0;
-  uint64_t persistent = 0;  // chunks kept gathered for stage3_param_persistence_threshold
+  uint64_t persistent = 0;    // chunks kept gathered for stage3_param_persistence_threshold
+  uint64_t fixed_gather = 0;  // gather buffers every configuration needs (stage 3)
   if (stage < 3) {
     dev += n_chunks * chunk16;
   } else {
-    dev += max_module_chunks * chunk16;  // the minimum gather window; more if it fits
-    // Chunks of small tensors only stay gathered whatever the budget, as DeepSpeed's do.
-    persistent = zero::PlanKeep(l, 0, config.zero.stage3_param_persistence_threshold, 0).persistent;
-    dev += persistent * chunk16;
+    // The running module's chunks, and the chunks of small tensors only, which stay
+    // gathered whatever the budget, as DeepSpeed's do; more if it fits.
+    const zero::KeepPlan persist = zero::PlanKeep(l, 0, config.zero.stage3_param_persistence_threshold, 0);
+    persistent = persist.persistent;
+    fixed_gather = zero::PeakGathered(l, persist.kept, /*window=*/0);
+    dev += fixed_gather * chunk16;
     if (param_tier == ZeroTier::kDevice) dev += n_chunks * shard16;
     if (param_tier == ZeroTier::kHost) host += n_chunks * Align4K(shard16);
     if (param_tier == ZeroTier::kNvme) nvme += n_chunks * Align4K(shard16);
@@ -337,7 +340,10 @@ Status Engine::Impl::AllocateMemory() {
   info.host_need = host;
   info.nvme_need = nvme;
 
-  const uint64_t dev_have = device->capacity() - device->allocated();
+  // Which chunks are gathered, kept and released must be the same on every rank (each
+  // gather is a collective), and a rank that cannot hold the configuration must not
+  // leave the others waiting: every rank plans with the least room any rank has.
+  STRATA_ASSIGN_OR_RETURN(const uint64_t dev_have, LeastOverRanks(device->capacity() - device->allocated()));
   if (dev > dev_have) {
     return OutOfBudgetError("engine: the device tier cannot hold this configuration: it needs " + FormatBytes(dev) +
                             " (compute params, gradient buffers" +
@@ -428,9 +434,7 @@ Status Engine::Impl::AllocateMemory() {
   }
   gather_buffers = 0;
   if (stage == 3) {
-    // Which chunks are gathered, kept and released must be the same on every rank (each
-    // gather is a collective): plan with the least room any rank has.
-    STRATA_ASSIGN_OR_RETURN(uint64_t room, LeastOverRanks(dev_have - dev));
+    const uint64_t room = dev_have - dev;
     // Room to gather up to kMaxPrefetchModules modules ahead of the running one, as the
     // budget allows.
     uint64_t extra = std::min<uint64_t>(max_module_chunks * (1 + kMaxPrefetchModules), n_chunks) - max_module_chunks;
@@ -448,13 +452,15 @@ Status Engine::Impl::AllocateMemory() {
     if (config.zero.stage3_prefetch_bucket_size) {
       extra = std::min<uint64_t>(extra, config.zero.stage3_prefetch_bucket_size / l.chunk_elems);
     }
-    max_prefetch_modules = static_cast<int>(std::max<uint64_t>(1, extra / max_module_chunks));
-    prefetch_modules = max_prefetch_modules;  // until a step has measured (TunePrefetch)
+    // Less than one module's chunks ahead: no window at all (the buffers kept chunks hold
+    // before their forward must not serve as one, or the plan's peak would not hold).
+    max_prefetch_modules = static_cast<int>(extra / max_module_chunks);
+    prefetch_modules = max_prefetch_modules;  // until a step has measured (MeasuredPrefetch)
     // What is left keeps chunks gathered from forward to backward, nearest reuse first,
     // instead of reading, copying and all-gathering them again (keep_plan.h): as many
     // as the buffers the budget allows hold at the trace's fullest point, which the
     // window and the kept chunks partly share (the last modules are both).
-    const int fixed = static_cast<int>(max_module_chunks + persistent);
+    const int fixed = static_cast<int>(fixed_gather);
     const int allowed = fixed + static_cast<int>(std::min<uint64_t>(room / chunk16, cap));
     auto plan = [&](int spare) {
       return zero::PlanKeep(l, config.zero.stage3_max_reuse_distance, config.zero.stage3_param_persistence_threshold,

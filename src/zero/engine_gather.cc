@@ -163,7 +163,7 @@ int Engine::Impl::MeasuredPrefetch() {
   const int gathers = gathers_timed.exchange(0);
   const int64_t latency = gather_latency_ns.exchange(0);
   int depth = prefetch_modules;
-  if (gathers > 0 && modules_timed > 0) {
+  if (max_prefetch_modules > 0 && gathers > 0 && modules_timed > 0) {
     depth = zero::PrefetchDepth(latency * 1e-9 / gathers, module_compute_ns * 1e-9 / modules_timed,
                                 max_prefetch_modules);
     STRATA_LOG(kDebug, "engine") << "measured prefetch depth " << depth << " modules (gather "
@@ -176,6 +176,12 @@ int Engine::Impl::MeasuredPrefetch() {
 }
 
 Status Engine::Impl::DropGathered() {
+  for (const auto& [chunk, g] : gathered) {
+    if (g.users > 0) {
+      return FailedPreconditionError("engine: Step() while module hooks hold chunk " + std::to_string(chunk) +
+                                     " (call it after AfterForward / AfterBackward of every module)");
+    }
+  }
   Status first;
   for (auto& [chunk, g] : gathered) {
     Status st = g.ready.get();  // the buffer is free only once its gather is done
