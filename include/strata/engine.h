@@ -139,6 +139,10 @@ struct EngineLayoutInfo {
   // stage3_param_persistence_threshold, then the nearest reuses within
   // stage3_max_reuse_distance, as the device budget allows after the prefetch window.
   int kept_chunks = 0;
+  // Stage 3 with gradient_accumulation_steps > 1: chunks that stay gathered from the end
+  // of one micro-batch's backward to their use in the next micro-batch's forward (the
+  // lowest chunks, within stage3_max_reuse_distance, as the same buffers allow).
+  int carried_chunks = 0;
 };
 
 class Engine : public model::MlpHooks {

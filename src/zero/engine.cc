@@ -476,7 +476,25 @@ Status Engine::Impl::AllocateMemory() {
     const zero::KeepPlan keep = plan(lo);
     kept_chunk = keep.kept;
     info.kept_chunks = keep.total();
-    gather_buffers = std::max(peak(keep), fixed);
+    // With gradient accumulation, the chunks the end of backward used last and the next
+    // micro-batch's forward uses first stay too, as the same buffers allow.
+    const int micro_batches = std::max(config.gradient_accumulation_steps, 1);
+    auto carry_peak = [&](int count) {
+      const std::vector<uint8_t> carried = zero::PlanCarry(l, config.zero.stage3_max_reuse_distance, count);
+      return zero::PeakGathered(l, kept_chunk, max_prefetch_modules, carried, micro_batches);
+    };
+    int carry = 0;
+    if (micro_batches > 1) {
+      int hi_carry = static_cast<int>(n_chunks);
+      while (carry < hi_carry) {
+        const int mid = (carry + hi_carry + 1) / 2;
+        if (carry_peak(mid) <= allowed) carry = mid;
+        else hi_carry = mid - 1;
+      }
+    }
+    carried_chunk = zero::PlanCarry(l, config.zero.stage3_max_reuse_distance, carry);
+    info.carried_chunks = static_cast<int>(std::count(carried_chunk.begin(), carried_chunk.end(), 1));
+    gather_buffers = std::max(carry_peak(carry), fixed);
     dev += (gather_buffers - fixed) * chunk16;
   }
   info.device_need = dev;
@@ -493,7 +511,8 @@ Status Engine::Impl::AllocateMemory() {
                               << "; spares " << spares << ", staging sets " << opt_staging_count << " of "
                               << pieces << " piece(s) per chunk"
                               << ", gather buffers " << gather_buffers << " (prefetch up to " << max_prefetch_modules
-                              << " modules, " << info.kept_chunks << " chunks kept from forward to backward)"
+                              << " modules, " << info.kept_chunks << " chunks kept from forward to backward, "
+                              << info.carried_chunks << " carried between micro-batches)"
                               << (grad_tier == ZeroTier::kNvme ? "; gradients on NVMe" : "");
 
   if (host > 0 && arena == nullptr) {

@@ -18,6 +18,7 @@
 
 #include "strata/log.h"
 #include "zero/engine_impl.h"
+#include "zero/keep_plan.h"
 #include "zero/prefetch_depth.h"
 
 namespace strata {
@@ -201,9 +202,8 @@ void Engine::Impl::ReleaseGathered(int module, int pos) {
     keep.insert(keep.end(), chunks.begin(), chunks.end());
   }
   for (auto it = gathered.begin(); it != gathered.end();) {
-    // A kept chunk stays until the backward of the first module that uses it.
     const bool needed = std::find(keep.begin(), keep.end(), it->first) != keep.end() ||
-                        (kept_chunk[it->first] && pos < BackwardPos(layout.chunk_first_module[it->first]));
+                        zero::StaysGathered(layout, kept_chunk, carried_chunk, it->first, pos, LastMicroBatch());
     // A chunk still in flight is waited for: releasing must not depend on timing.
     if (it->second.users == 0 && !needed) {
       Status st = it->second.ready.get();

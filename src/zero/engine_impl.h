@@ -218,6 +218,9 @@ struct Engine::Impl {
   int prefetch_modules = 1;   // how far ahead in the trace gathers start (TunePrefetch)
   // By chunk: stays gathered from its forward use to its last backward use (keep_plan.h).
   std::vector<uint8_t> kept_chunk;
+  // By chunk: stays from its last backward use to its forward use in the next
+  // micro-batch of the same step (gradient accumulation; keep_plan.h).
+  std::vector<uint8_t> carried_chunk;
   int max_prefetch_modules = 1;  // what the gather buffers allow
   // Queued NVMe fetches that will take a parameter staging buffer on fetch_worker.
   std::atomic<int> fetches_awaiting_staging{0};

@@ -51,29 +51,67 @@ KeepPlan PlanKeep(const Layout& l, uint64_t max_reuse_distance, uint64_t persist
   return plan;
 }
 
-int PeakGathered(const Layout& l, const std::vector<uint8_t>& kept, int window) {
+std::vector<int64_t> CarryDistances(const Layout& l) {
+  const int n = static_cast<int>(l.tensors.size());
+  std::vector<int64_t> before(n + 1, 0);  // before[m]: parameters of the modules before m
+  for (int m = 0; m < n; ++m) {
+    int64_t numel = 0;
+    for (const TensorPlace& t : l.tensors[m]) numel += t.numel;
+    before[m + 1] = before[m] + numel;
+  }
+  std::vector<int64_t> d(l.num_chunks);
+  for (int c = 0; c < l.num_chunks; ++c) d[c] = 2 * before[l.chunk_first_module[c]];
+  return d;
+}
+
+std::vector<uint8_t> PlanCarry(const Layout& l, uint64_t max_reuse_distance, int count) {
+  const std::vector<int64_t> distance = CarryDistances(l);
+  std::vector<uint8_t> carried(l.num_chunks, 0);
+  for (int c = 0; c < l.num_chunks && c < count; ++c) {
+    // Distances grow with the chunk index (modules are packed in order).
+    if (static_cast<uint64_t>(distance[c]) > max_reuse_distance) break;
+    carried[c] = 1;
+  }
+  return carried;
+}
+
+bool StaysGathered(const Layout& l, const std::vector<uint8_t>& kept, const std::vector<uint8_t>& carried,
+                   int c, int pos, bool last_micro_batch) {
+  const int n = static_cast<int>(l.module_chunks.size());
+  const int last_backward_use = 2 * n - 1 - l.chunk_first_module[c];
+  if (!kept.empty() && kept[c] && pos < last_backward_use) return true;
+  if (carried.empty() || !carried[c]) return false;
+  if (pos < n) return pos < l.chunk_last_module[c];  // brought over: until its forward use
+  return pos >= last_backward_use && !last_micro_batch;
+}
+
+int PeakGathered(const Layout& l, const std::vector<uint8_t>& kept, int window,
+                 const std::vector<uint8_t>& carried, int micro_batches) {
   const int n = static_cast<int>(l.module_chunks.size());
   auto module_at = [n](int pos) { return pos < n ? pos : 2 * n - 1 - pos; };
   std::vector<uint8_t> in(l.num_chunks, 0), wanted(l.num_chunks, 0);
   int count = 0, peak = 0;
-  for (int pos = 0; pos < 2 * n; ++pos) {
-    const int last = std::min(pos + window, 2 * n - 1);
-    for (int p = pos; p <= last; ++p) {
-      for (int c : l.module_chunks[module_at(p)]) {
-        if (!in[c]) ++count;
-        in[c] = 1;
+  const int runs = std::min(micro_batches, 3);
+  for (int mb = 0; mb < runs; ++mb) {
+    const bool last = mb + 1 == runs;
+    for (int pos = 0; pos < 2 * n; ++pos) {
+      const int end = std::min(pos + window, 2 * n - 1);
+      for (int p = pos; p <= end; ++p) {
+        for (int c : l.module_chunks[module_at(p)]) {
+          if (!in[c]) ++count;
+          in[c] = 1;
+        }
       }
-    }
-    peak = std::max(peak, count);
-    std::fill(wanted.begin(), wanted.end(), 0);
-    for (int p = pos + 1; p <= last; ++p) {
-      for (int c : l.module_chunks[module_at(p)]) wanted[c] = 1;
-    }
-    for (int c = 0; c < l.num_chunks; ++c) {
-      const bool keep = wanted[c] || (kept[c] && pos < 2 * n - 1 - l.chunk_first_module[c]);
-      if (in[c] && !keep) {
-        in[c] = 0;
-        --count;
+      peak = std::max(peak, count);
+      std::fill(wanted.begin(), wanted.end(), 0);
+      for (int p = pos + 1; p <= end; ++p) {
+        for (int c : l.module_chunks[module_at(p)]) wanted[c] = 1;
+      }
+      for (int c = 0; c < l.num_chunks; ++c) {
+        if (in[c] && !wanted[c] && !StaysGathered(l, kept, carried, c, pos, last)) {
+          in[c] = 0;
+          --count;
+        }
       }
     }
   }

@@ -34,11 +34,29 @@ std::vector<int64_t> ReuseDistances(const Layout& l);
 KeepPlan PlanKeep(const Layout& l, uint64_t max_reuse_distance, uint64_t persistence_threshold,
                   int spare_buffers);
 
-// The most chunks gathered at once over a micro-batch's trace (forward 0..L, backward
-// L..0) when each module gathers its chunks and those of the next `window` modules, and
-// a chunk is released after a module unless the window or `kept` (until the backward of
-// the first module that uses it) holds it: the gather buffers the engine needs
-// (engine_gather.cc follows the same rules).
-int PeakGathered(const Layout& l, const std::vector<uint8_t>& kept, int window);
+// Parameters the trace touches between a chunk's last backward use in one micro-batch
+// and its first forward use in the next (gradient accumulation): the modules before its
+// first one, once backward and once forward.
+std::vector<int64_t> CarryDistances(const Layout& l);
+
+// The `count` chunks of least carry distance within `max_reuse_distance` (ties: the
+// lower chunk, which forward reaches first).
+std::vector<uint8_t> PlanCarry(const Layout& l, uint64_t max_reuse_distance, int count);
+
+// Whether gathered chunk `c`, which no module uses now, stays gathered after the module
+// at trace position `pos` (forward 0..L-1, backward L..2L-1) ran, the prefetch window
+// aside: a kept chunk until the backward of the first module using it; a carried chunk
+// from then on (unless this is the last micro-batch before the step), and in the next
+// micro-batch's forward until the last module using it.
+bool StaysGathered(const Layout& l, const std::vector<uint8_t>& kept, const std::vector<uint8_t>& carried,
+                   int c, int pos, bool last_micro_batch);
+
+// The most chunks gathered at once over `micro_batches` micro-batches of the trace when
+// each module gathers its chunks and those of the next `window` modules (within its
+// micro-batch) and releases what neither the window nor StaysGathered holds: the gather
+// buffers the engine needs (engine_gather.cc follows the same rules). Three micro-batches
+// stand for any more (the middle ones repeat).
+int PeakGathered(const Layout& l, const std::vector<uint8_t>& kept, int window,
+                 const std::vector<uint8_t>& carried = {}, int micro_batches = 1);
 
 }  // namespace strata::zero

@@ -109,6 +109,7 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
                 {"chunk_elems", main.layout.chunk_elems},
                 {"micro_batch", o.spec.micro_batch},
                 {"kept_chunks", main.layout.kept_chunks},
+                {"carried_chunks", main.layout.carried_chunks},
                 {"hidden", o.spec.model.hidden}};
   j["budget_need"] = {{"device", main.layout.device_need}, {"host", main.layout.host_need},
                       {"nvme", main.layout.nvme_need}};
@@ -181,7 +182,11 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
   }
   if (c.zero.stage == 3) {
     out += "  kept gathered        " + std::to_string(main.layout.kept_chunks) + " of " +
-           std::to_string(main.layout.num_chunks) + " chunks, from forward to backward\n";
+           std::to_string(main.layout.num_chunks) + " chunks, from forward to backward";
+    if (c.gradient_accumulation_steps > 1) {
+      out += "; " + std::to_string(main.layout.carried_chunks) + " carried between micro-batches";
+    }
+    out += "\n";
   }
   if (o.measure_rates) {
     out += "  model: bound " + FormatSeconds(model.bound_s) + " (cpu lanes " + FormatSeconds(model.cpu_s) +

@@ -117,7 +117,7 @@ struct EngineRun {
   std::vector<std::vector<std::vector<float>>> params;  // [module][tensor]
   uint64_t device_high_water = 0, device_capacity = 0;
   uint64_t host_need = 0;
-  int kept_chunks = 0, num_chunks = 0;  // from layout_info()
+  int kept_chunks = 0, carried_chunks = 0, num_chunks = 0;  // from layout_info()
   Status status;
 };
 
@@ -163,6 +163,7 @@ inline EngineRun RunEngine(Communicator& world, const Config& config, const zero
   run.host_need = (*engine)->layout_info().host_need;
   run.kept_chunks = (*engine)->layout_info().kept_chunks;
   run.num_chunks = (*engine)->layout_info().num_chunks;
+  run.carried_chunks = (*engine)->layout_info().carried_chunks;
   return run;
 }
 

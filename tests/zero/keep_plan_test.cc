@@ -77,5 +77,32 @@ TEST(KeepPlan, PeakCountsWhatTheWindowAndTheKeptChunksHoldTogether) {
   EXPECT_EQ(PeakGathered(l, {0, 0, 0, 0}, 9), 4) << "a window past the trace's end holds no more than it all";
 }
 
+TEST(KeepPlan, CarryDistanceIsWhatRunsBetweenTwoMicroBatches) {
+  // From chunk c's last backward use to its next forward use run the modules before it,
+  // backward and then forward.
+  const Layout l = FourChunks();
+  EXPECT_EQ(CarryDistances(l), (std::vector<int64_t>{0, 2 * 4096, 4 * 4096, 6 * 4096}));
+  EXPECT_EQ(PlanCarry(l, 1'000'000'000, 2), (std::vector<uint8_t>{1, 1, 0, 0}));
+  EXPECT_EQ(PlanCarry(l, 1'000'000'000, 9), (std::vector<uint8_t>{1, 1, 1, 1}));
+  EXPECT_EQ(PlanCarry(l, 2 * 4096 - 1, 4), (std::vector<uint8_t>{1, 0, 0, 0})) << "within the reuse distance";
+}
+
+TEST(KeepPlan, CarriedChunksStayOnlyBetweenMicroBatchesOfOneStep) {
+  const Layout l = FourChunks();
+  const std::vector<uint8_t> none(4, 0), all(4, 1), first{1, 0, 0, 0}, two{1, 1, 0, 0};
+  // A carried chunk stays after its last backward use unless the step follows ...
+  EXPECT_TRUE(StaysGathered(l, none, first, 0, 7, /*last_micro_batch=*/false));
+  EXPECT_FALSE(StaysGathered(l, none, first, 0, 7, /*last_micro_batch=*/true));
+  // ... and in the next forward until the last module that uses it has run.
+  EXPECT_FALSE(StaysGathered(l, none, first, 0, 0, false));
+  EXPECT_FALSE(StaysGathered(l, none, first, 1, 7, false)) << "not carried";
+  // Only the backward's last chunks are held over the boundary: chunk 0 alone costs no
+  // buffer (the module that ends backward starts forward), each one more costs one.
+  EXPECT_EQ(PeakGathered(l, none, 0, first, 2), 1);
+  EXPECT_EQ(PeakGathered(l, none, 0, two, 2), 2);
+  EXPECT_EQ(PeakGathered(l, none, 0, all, 3), 4);
+  EXPECT_EQ(PeakGathered(l, none, 0, all, 1), 1) << "one micro-batch per step: nothing is carried";
+}
+
 }  // namespace
 }  // namespace strata::zero
