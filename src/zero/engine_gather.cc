@@ -4,7 +4,8 @@
 // next prefetch_modules modules after the one running, as gather buffers allow; a
 // gathered chunk stays while a module in that window needs it, so the last modules of
 // forward are still there when backward starts with them, and the chunks the keep plan
-// chose (keep_plan.h) stay from forward to backward. Which chunks are gathered and
+// chose (keep_plan.h) stay from forward to backward and, with gradient accumulation, from
+// one micro-batch's backward to the next one's forward. Which chunks are gathered and
 // released depends only on module indices, buffer counts and the depth, which the
 // ranks agree on (engine.cc, Step()), never on timing, so every rank issues the same
 // all-gathers in the same order.
