@@ -223,6 +223,20 @@ TEST(Engine, GatherWindowBoundsAreHonouredAndChangeNoResult) {
   }
 }
 
+// `strata_keys` (JSON members without braces) with no prefetch window and reuse distance
+// 0: the last module's chunk kept, the first module's carried, nothing else.
+Config LeastKeepingConfig(const Combo& c, const std::string& strata_keys) {
+  return MakeConfig(c, "{" + strata_keys + R"(, "zero_optimization": {"stage3_max_reuse_distance": 0,
+                                                                      "stage3_prefetch_bucket_size": 1}})");
+}
+
+// Bytes all-gathered over a run; with one rank nothing else counts as collective bytes.
+uint64_t AllGatheredBytes(const EngineRun& r) {
+  uint64_t b = 0;
+  for (const auto& s : r.log.results) b += s.bytes_comm;
+  return b;
+}
+
 // Chunks kept gathered from forward to backward are not fetched, copied and gathered a
 // second time, and change nothing in the result. Kept is what the device budget leaves
 // after the prefetch window, nearest reuse first, within stage3_max_reuse_distance and
@@ -235,11 +249,7 @@ TEST(Engine, KeptChunksAreGatheredOnceAndChangeNoResult) {
     SCOPED_TRACE(ComboName(c));
     const std::string small = R"("strata": {"chunk_size": "16KiB", "device_budget": "16MiB"})";
     EngineRun kept = RunEngine(World(), MakeConfig(c, "{" + small + "}"), spec);
-    EngineRun none = RunEngine(
-        World(),
-        MakeConfig(c, "{" + small + R"(, "zero_optimization": {"stage3_max_reuse_distance": 0,
-                                     "stage3_prefetch_bucket_size": 1}})"),
-        spec);
+    EngineRun none = RunEngine(World(), LeastKeepingConfig(c, small), spec);
     EngineRun live = RunEngine(
         World(), MakeConfig(c, "{" + small + R"(, "zero_optimization": {"stage3_max_live_parameters": 1}})"), spec);
     EngineRun persist = RunEngine(
@@ -264,14 +274,9 @@ TEST(Engine, KeptChunksAreGatheredOnceAndChangeNoResult) {
     EXPECT_TRUE(BitIdentical(kept, persist));
     // Each chunk is all-gathered once per micro-batch when kept; without a window and with
     // only the last chunk kept, every other chunk twice (one rank: only gathers count).
-    auto gathered = [](const EngineRun& r) {
-      uint64_t b = 0;
-      for (const auto& s : r.log.results) b += s.bytes_comm;
-      return b;
-    };
-    ASSERT_GT(gathered(kept), 0u);
-    EXPECT_EQ(gathered(none) * chunks, gathered(kept) * (2 * chunks - 1));
-    EXPECT_EQ(gathered(kept), gathered(persist));
+    ASSERT_GT(AllGatheredBytes(kept), 0u);
+    EXPECT_EQ(AllGatheredBytes(none) * chunks, AllGatheredBytes(kept) * (2 * chunks - 1));
+    EXPECT_EQ(AllGatheredBytes(kept), AllGatheredBytes(persist));
     if (std::string(c.param) == "nvme") {
       auto read = [](const EngineRun& r) {
         uint64_t b = 0;
@@ -298,27 +303,18 @@ TEST(Engine, CarriedChunksAreGatheredOncePerStepAndChangeNoResult) {
         R"("gradient_accumulation_steps": 4, "strata": {"chunk_size": "16KiB", "device_budget": "16MiB"})";
     EngineRun all = RunEngine(World(), MakeConfig(c, "{" + base + "}"), spec);
     // Distance 0: the last chunk kept, the first carried, no window.
-    EngineRun least = RunEngine(
-        World(),
-        MakeConfig(c, "{" + base + R"(, "zero_optimization": {"stage3_max_reuse_distance": 0,
-                                     "stage3_prefetch_bucket_size": 1}})"),
-        spec);
+    EngineRun least = RunEngine(World(), LeastKeepingConfig(c, base), spec);
     ASSERT_TRUE(all.status.ok()) << all.status.ToString();
     ASSERT_TRUE(least.status.ok()) << least.status.ToString();
     const int chunks = all.num_chunks;
     EXPECT_EQ(all.carried_chunks, chunks);
     EXPECT_EQ(least.carried_chunks, 1);
     EXPECT_TRUE(BitIdentical(all, least));
-    auto gathered = [](const EngineRun& r) {
-      uint64_t b = 0;
-      for (const auto& s : r.log.results) b += s.bytes_comm;
-      return b;
-    };
-    ASSERT_GT(gathered(all), 0u);
+    ASSERT_GT(AllGatheredBytes(all), 0u);
     // least: every chunk twice per micro-batch but the kept last one, and the carried
     // first one's forward gather saved in every micro-batch after the first.
     const uint64_t least_per_step = micro_batches * (2 * chunks - 1) - (micro_batches - 1);
-    EXPECT_EQ(gathered(least) * chunks, gathered(all) * least_per_step);
+    EXPECT_EQ(AllGatheredBytes(least) * chunks, AllGatheredBytes(all) * least_per_step);
   }
 }
 
