@@ -112,6 +112,10 @@ struct StepResult {
   // what the device budget, stage3_max_live_parameters and stage3_prefetch_bucket_size
   // leave (the first step prefetches as far as they allow). 0 for stages 0-2.
   int prefetch_modules = 0;
+  // Stage 3: gathered chunks released early because no planned gather buffer was free
+  // (EnsureGathered); 0 unless the buffer plan (keep_plan.h) and the engine disagree,
+  // which costs extra gathers, never a wrong result.
+  int gather_evictions = 0;
   uint64_t bytes_nvme_read = 0, bytes_nvme_written = 0;
   uint64_t bytes_h2d = 0, bytes_d2h = 0;
   uint64_t bytes_comm = 0;

@@ -127,6 +127,11 @@ Status Engine::Impl::EnsureGathered(int chunk) {
       // Reuse the buffer of a gathered chunk nobody uses now (the oldest prefetch).
       for (auto it = gathered.begin(); it != gathered.end(); ++it) {
         if (it->second.users == 0) {
+          if (gather_evictions++ == 0) {
+            STRATA_LOG(kWarn, "engine") << "no planned gather buffer free for chunk " << chunk << "; chunk "
+                                        << it->first << " released early (the buffer plan missed a case; "
+                                        << "correct, but gathered again later)";
+          }
           STRATA_RETURN_IF_ERROR(it->second.ready.get());
           gather_pool.free.push_back(it->second.buf);
           gathered.erase(it);

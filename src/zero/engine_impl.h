@@ -221,6 +221,7 @@ struct Engine::Impl {
   // By chunk: stays from its last backward use to its forward use in the next
   // micro-batch of the same step (gradient accumulation; keep_plan.h).
   std::vector<uint8_t> carried_chunk;
+  int gather_evictions = 0;  // this step's (StepResult::gather_evictions); training thread
   int max_prefetch_modules = 1;  // what the gather buffers allow
   // Queued NVMe fetches that will take a parameter staging buffer on fetch_worker.
   std::atomic<int> fetches_awaiting_staging{0};

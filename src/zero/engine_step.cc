@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "strata/grad_stats.h"
 #include "strata/log.h"
@@ -350,6 +351,7 @@ Result<StepResult> Engine::Step() {
   r.comm_busy_s = s.comm_busy_ns.exchange(0) * 1e-9;
   r.io_busy_s = s.io_busy_ns.exchange(0) * 1e-9;
   r.prefetch_modules = s.stage == 3 ? s.prefetch_modules : 0;
+  r.gather_evictions = std::exchange(s.gather_evictions, 0);
   if (s.stage == 3) s.prefetch_modules = depth;
   r.bytes_nvme_read = s.bytes_nvme_read.exchange(0);
   r.bytes_nvme_written = s.bytes_nvme_written.exchange(0);

@@ -82,6 +82,7 @@ nlohmann::json RunJson(const StepBenchRun& r) {
           {"speculative_steps", s.speculative_steps},
           {"redone_steps", s.redone_steps},
           {"prefetch_modules", s.prefetch_modules},
+          {"gather_evictions", s.gather_evictions},
           {"bytes",
            {{"nvme_read", s.bytes_nvme_read},
             {"nvme_write", s.bytes_nvme_written},

@@ -230,6 +230,14 @@ Config LeastKeepingConfig(const Combo& c, const std::string& strata_keys) {
                                                                       "stage3_prefetch_bucket_size": 1}})");
 }
 
+// Gathered chunks released early for lack of a planned buffer, over a run: the buffer
+// plan and the engine disagreed.
+int GatherEvictions(const EngineRun& r) {
+  int n = 0;
+  for (const auto& s : r.log.results) n += s.gather_evictions;
+  return n;
+}
+
 // Bytes all-gathered over a run; with one rank nothing else counts as collective bytes.
 uint64_t AllGatheredBytes(const EngineRun& r) {
   uint64_t b = 0;
@@ -258,7 +266,10 @@ TEST(Engine, KeptChunksAreGatheredOnceAndChangeNoResult) {
                                      "stage3_prefetch_bucket_size": 1,
                                      "stage3_param_persistence_threshold": 1e9}})"),
         spec);
-    for (const EngineRun* r : {&kept, &none, &live, &persist}) ASSERT_TRUE(r->status.ok()) << r->status.ToString();
+    for (const EngineRun* r : {&kept, &none, &live, &persist}) {
+      ASSERT_TRUE(r->status.ok()) << r->status.ToString();
+      EXPECT_EQ(GatherEvictions(*r), 0) << "the planned buffers held every chunk the engine kept";
+    }
     ASSERT_FALSE(kept.log.results.empty());
     const int chunks = kept.num_chunks;
     EXPECT_EQ(kept.kept_chunks, chunks) << "the device budget holds every chunk";
@@ -306,6 +317,20 @@ TEST(Engine, CarriedChunksAreGatheredOncePerStepAndChangeNoResult) {
     EngineRun least = RunEngine(World(), LeastKeepingConfig(c, base), spec);
     ASSERT_TRUE(all.status.ok()) << all.status.ToString();
     ASSERT_TRUE(least.status.ok()) << least.status.ToString();
+    EXPECT_EQ(GatherEvictions(all), 0);
+    EXPECT_EQ(GatherEvictions(least), 0);
+    // A budget that holds some of the chunks: the plan keeps and carries what fits, and the
+    // engine never needs a buffer the plan did not count.
+    EngineRun part = RunEngine(
+        World(), MakeConfig(c, R"({"gradient_accumulation_steps": 4, "strata": {"chunk_size": "16KiB",
+                                                                            "device_budget": "200KiB"}})"),
+        spec);
+    ASSERT_TRUE(part.status.ok()) << part.status.ToString();
+    // (5 kept and 5 carried of 8 today.)
+    EXPECT_LT(part.kept_chunks + part.carried_chunks, 2 * all.num_chunks) << "the budget must not hold everything";
+    EXPECT_GT(part.carried_chunks, 0);
+    EXPECT_EQ(GatherEvictions(part), 0);
+    EXPECT_TRUE(BitIdentical(all, part));
     const int chunks = all.num_chunks;
     EXPECT_EQ(all.carried_chunks, chunks);
     EXPECT_EQ(least.carried_chunks, 1);
