@@ -467,13 +467,17 @@ Status Engine::Impl::AllocateMemory() {
                             spare);
     };
     auto peak = [&](const zero::KeepPlan& p) { return zero::PeakGathered(l, p.kept, max_prefetch_modules); };
-    int lo = 0, hi = static_cast<int>(n_chunks);  // the most spare buffers whose plan fits
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (peak(plan(mid)) <= allowed) lo = mid;
-      else hi = mid - 1;
-    }
-    const zero::KeepPlan keep = plan(lo);
+    // The largest count in [0, n_chunks] whose plan fits (a plan's peak grows with it).
+    auto largest_fitting = [&](auto peak_of) {
+      int lo = 0, hi = static_cast<int>(n_chunks);
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (peak_of(mid) <= allowed) lo = mid;
+        else hi = mid - 1;
+      }
+      return lo;
+    };
+    const zero::KeepPlan keep = plan(largest_fitting([&](int spare) { return peak(plan(spare)); }));
     kept_chunk = keep.kept;
     info.kept_chunks = keep.total();
     // With gradient accumulation, the chunks the end of backward used last and the next
@@ -483,15 +487,7 @@ Status Engine::Impl::AllocateMemory() {
       const std::vector<uint8_t> carried = zero::PlanCarry(l, config.zero.stage3_max_reuse_distance, count);
       return zero::PeakGathered(l, kept_chunk, max_prefetch_modules, carried, micro_batches);
     };
-    int carry = 0;
-    if (micro_batches > 1) {
-      int hi_carry = static_cast<int>(n_chunks);
-      while (carry < hi_carry) {
-        const int mid = (carry + hi_carry + 1) / 2;
-        if (carry_peak(mid) <= allowed) carry = mid;
-        else hi_carry = mid - 1;
-      }
-    }
+    const int carry = micro_batches > 1 ? largest_fitting(carry_peak) : 0;
     carried_chunk = zero::PlanCarry(l, config.zero.stage3_max_reuse_distance, carry);
     info.carried_chunks = static_cast<int>(std::count(carried_chunk.begin(), carried_chunk.end(), 1));
     gather_buffers = std::max(carry_peak(carry), fixed);

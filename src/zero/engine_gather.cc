@@ -151,14 +151,11 @@ Status Engine::Impl::EnsureGathered(int chunk) {
   return OkStatus();
 }
 
-namespace {
-int ModuleAt(int pos, int num_modules) { return pos < num_modules ? pos : 2 * num_modules - 1 - pos; }
-}  // namespace
 
 void Engine::Impl::Prefetch(int pos) {
   const int n = static_cast<int>(modules.size());
   for (int p = pos + 1; p <= pos + prefetch_modules && p < 2 * n; ++p) {
-    for (int c : layout.module_chunks[ModuleAt(p, n)]) {
+    for (int c : layout.module_chunks[zero::ModuleAt(p, n)]) {
       if (gathered.count(c)) continue;
       if (gather_pool.free.empty()) return;  // in trace order: nothing later jumps the queue
       StartGather(c);
@@ -204,7 +201,7 @@ void Engine::Impl::ReleaseGathered(int module, int pos) {
   for (int c : layout.module_chunks[module]) --gathered[c].users;
   std::vector<int> keep;
   for (int p = pos + 1; p <= pos + prefetch_modules && p < 2 * n; ++p) {
-    const auto& chunks = layout.module_chunks[ModuleAt(p, n)];
+    const auto& chunks = layout.module_chunks[zero::ModuleAt(p, n)];
     keep.insert(keep.end(), chunks.begin(), chunks.end());
   }
   for (auto it = gathered.begin(); it != gathered.end();) {

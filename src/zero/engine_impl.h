@@ -215,7 +215,7 @@ struct Engine::Impl {
   std::map<int, Gathered> gathered;
   Pool gather_pool;
   int gather_buffers = 0;
-  int prefetch_modules = 1;   // how far ahead in the trace gathers start (TunePrefetch)
+  int prefetch_modules = 1;   // how far ahead in the trace gathers start (Step(), MeasuredPrefetch)
   // By chunk: stays gathered from its forward use to its last backward use (keep_plan.h).
   std::vector<uint8_t> kept_chunk;
   // By chunk: stays from its last backward use to its forward use in the next
@@ -225,7 +225,7 @@ struct Engine::Impl {
   int max_prefetch_modules = 1;  // what the gather buffers allow
   // Queued NVMe fetches that will take a parameter staging buffer on fetch_worker.
   std::atomic<int> fetches_awaiting_staging{0};
-  // This step's measurements for TunePrefetch: gathers from issue to all-gathered (comm
+  // This step's measurements for MeasuredPrefetch: gathers from issue to all-gathered (comm
   // worker), module compute between hooks (training thread).
   std::atomic<int64_t> gather_latency_ns{0};
   std::atomic<int> gathers_timed{0};

@@ -4,18 +4,24 @@
 #include <numeric>
 
 namespace strata::zero {
+namespace {
+
+// before[m]: parameters of the modules before m (m = 0..L).
+std::vector<int64_t> ParamsBefore(const Layout& l) {
+  std::vector<int64_t> before(l.tensors.size() + 1, 0);
+  for (size_t m = 0; m < l.tensors.size(); ++m) {
+    before[m + 1] = before[m];
+    for (const TensorPlace& t : l.tensors[m]) before[m + 1] += t.numel;
+  }
+  return before;
+}
+
+}  // namespace
 
 std::vector<int64_t> ReuseDistances(const Layout& l) {
-  const int n = static_cast<int>(l.tensors.size());
-  // after[m]: parameters of the modules after m.
-  std::vector<int64_t> after(n + 1, 0);
-  for (int m = n - 1; m >= 0; --m) {
-    int64_t numel = 0;
-    for (const TensorPlace& t : l.tensors[m]) numel += t.numel;
-    after[m] = after[m + 1] + numel;
-  }
+  const std::vector<int64_t> before = ParamsBefore(l);
   std::vector<int64_t> d(l.num_chunks);
-  for (int c = 0; c < l.num_chunks; ++c) d[c] = 2 * after[l.chunk_last_module[c] + 1];
+  for (int c = 0; c < l.num_chunks; ++c) d[c] = 2 * (before.back() - before[l.chunk_last_module[c] + 1]);
   return d;
 }
 
@@ -52,13 +58,7 @@ KeepPlan PlanKeep(const Layout& l, uint64_t max_reuse_distance, uint64_t persist
 }
 
 std::vector<int64_t> CarryDistances(const Layout& l) {
-  const int n = static_cast<int>(l.tensors.size());
-  std::vector<int64_t> before(n + 1, 0);  // before[m]: parameters of the modules before m
-  for (int m = 0; m < n; ++m) {
-    int64_t numel = 0;
-    for (const TensorPlace& t : l.tensors[m]) numel += t.numel;
-    before[m + 1] = before[m] + numel;
-  }
+  const std::vector<int64_t> before = ParamsBefore(l);
   std::vector<int64_t> d(l.num_chunks);
   for (int c = 0; c < l.num_chunks; ++c) d[c] = 2 * before[l.chunk_first_module[c]];
   return d;
@@ -88,7 +88,6 @@ bool StaysGathered(const Layout& l, const std::vector<uint8_t>& kept, const std:
 int PeakGathered(const Layout& l, const std::vector<uint8_t>& kept, int window,
                  const std::vector<uint8_t>& carried, int micro_batches) {
   const int n = static_cast<int>(l.module_chunks.size());
-  auto module_at = [n](int pos) { return pos < n ? pos : 2 * n - 1 - pos; };
   std::vector<uint8_t> in(l.num_chunks, 0), wanted(l.num_chunks, 0);
   int count = 0, peak = 0;
   const int runs = std::min(micro_batches, 3);
@@ -97,7 +96,7 @@ int PeakGathered(const Layout& l, const std::vector<uint8_t>& kept, int window,
     for (int pos = 0; pos < 2 * n; ++pos) {
       const int end = std::min(pos + window, 2 * n - 1);
       for (int p = pos; p <= end; ++p) {
-        for (int c : l.module_chunks[module_at(p)]) {
+        for (int c : l.module_chunks[ModuleAt(p, n)]) {
           if (!in[c]) ++count;
           in[c] = 1;
         }
@@ -105,7 +104,7 @@ int PeakGathered(const Layout& l, const std::vector<uint8_t>& kept, int window,
       peak = std::max(peak, count);
       std::fill(wanted.begin(), wanted.end(), 0);
       for (int p = pos + 1; p <= end; ++p) {
-        for (int c : l.module_chunks[module_at(p)]) wanted[c] = 1;
+        for (int c : l.module_chunks[ModuleAt(p, n)]) wanted[c] = 1;
       }
       for (int c = 0; c < l.num_chunks; ++c) {
         if (in[c] && !wanted[c] && !StaysGathered(l, kept, carried, c, pos, last)) {

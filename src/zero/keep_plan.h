@@ -16,6 +16,10 @@
 
 namespace strata::zero {
 
+// The module at trace position `pos` of a micro-batch (forward 0..L-1, backward
+// L..2L-1) of `num_modules` modules.
+inline int ModuleAt(int pos, int num_modules) { return pos < num_modules ? pos : 2 * num_modules - 1 - pos; }
+
 struct KeepPlan {
   std::vector<uint8_t> kept;  // by chunk: stays gathered until its last backward use
   int persistent = 0;         // kept because every tensor in it is under the threshold
