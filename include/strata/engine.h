@@ -116,6 +116,10 @@ struct StepResult {
   // (EnsureGathered); 0 unless the buffer plan (keep_plan.h) and the engine disagree,
   // which costs extra gathers, never a wrong result.
   int gather_evictions = 0;
+  // Stage 3, parameters and optimizer on NVMe: parameter shard fetches served from the
+  // pinned buffer the last step wrote them from, instead of read back from NVMe (the last
+  // chunks the step updates, which the next forward needs first).
+  int shards_from_memory = 0;
   uint64_t bytes_nvme_read = 0, bytes_nvme_written = 0;
   uint64_t bytes_h2d = 0, bytes_d2h = 0;
   uint64_t bytes_comm = 0;

@@ -577,7 +577,10 @@ Status Engine::Impl::AllocateMemory() {
     STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_set_bytes, "NVMe optimizer staging"));
     opt_staging.free.push_back(p);
   }
-  if (publish_behind) param_write_of.resize(n_chunks);
+  if (publish_behind) {
+    param_write_of.resize(n_chunks);
+    fresh_shard.assign(n_chunks, nullptr);
+  }
   for (int i = 0; publish_behind && i < 2; ++i) {
     STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_elems * csize, "parameter shards on their way to NVMe"));
     out16_staging.free.push_back(p);

@@ -37,9 +37,8 @@ Result<IoHandle> Engine::Impl::ReadParamShard(int chunk, void* staged) {
   return param_store->Read(param_shard[chunk].slot, staged, layout.shard_elems * csize, IoPriority::kUrgent);
 }
 
-// Brings this rank's 16-bit shard of `chunk` into dst (device memory). For the NVMe tier
-// `read` is the read already issued into `staged`, or empty to read now.
-Status Engine::Impl::FetchShard(int chunk, void* dst, void* staged, std::optional<IoHandle> read,
+// Brings this rank's 16-bit shard of `chunk` into dst (device memory).
+Status Engine::Impl::FetchShard(int chunk, void* dst, void* staged, std::optional<IoHandle> read, void* fresh,
                                 std::chrono::steady_clock::time_point start) {
   const uint64_t bytes = layout.shard_elems * csize;
   int64_t t0 = NowNs();
@@ -51,6 +50,11 @@ Status Engine::Impl::FetchShard(int chunk, void* dst, void* staged, std::optiona
       break;
     case ZeroTier::kHost: st = CopyToDevice(dst, param_shard[chunk].ptr, bytes); break;
     case ZeroTier::kNvme: {
+      if (fresh != nullptr) {
+        st = CopyToDevice(dst, fresh, bytes);
+        ReturnFresh(fresh);
+        break;
+      }
       if (staged == nullptr) {
         staged = param_staging.Take();
         --fetches_awaiting_staging;
@@ -85,13 +89,15 @@ void Engine::Impl::StartGather(int chunk) {
   const int64_t issued_ns = NowNs();
   void* staged = nullptr;
   std::optional<IoHandle> read;
+  void* fresh = param_tier == ZeroTier::kNvme ? BorrowFresh(chunk) : nullptr;
+  if (fresh != nullptr) ++shards_from_memory;
   // A shard the last step is still writing is read by FetchShard once it is on disk.
   // Fetches run in order on fetch_worker, and one without a buffer takes one there,
   // blocking: so a gather may take a buffer here only while no earlier one waits for
   // one, else the buffers could all go to gathers queued behind the waiter (a deadlock
   // a deeper prefetch window made happen).
-  if (param_tier == ZeroTier::kNvme && ParamWriteDone(chunk) && fetches_awaiting_staging.load() == 0 &&
-      (staged = param_staging.TryTake()) != nullptr) {
+  if (param_tier == ZeroTier::kNvme && fresh == nullptr && ParamWriteDone(chunk) &&
+      fetches_awaiting_staging.load() == 0 && (staged = param_staging.TryTake()) != nullptr) {
     auto h = ReadParamShard(chunk, staged);
     if (h.ok()) {
       read = *h;
@@ -101,9 +107,10 @@ void Engine::Impl::StartGather(int chunk) {
       staged = nullptr;
     }
   }
-  if (param_tier == ZeroTier::kNvme && staged == nullptr) ++fetches_awaiting_staging;
-  std::shared_future<Status> fetched = fetch_worker.Submit(
-      [this, chunk, mine, staged, read, start] { return FetchShard(chunk, mine, staged, read, start); });
+  if (param_tier == ZeroTier::kNvme && fresh == nullptr && staged == nullptr) ++fetches_awaiting_staging;
+  std::shared_future<Status> fetched = fetch_worker.Submit([this, chunk, mine, staged, read, fresh, start] {
+    return FetchShard(chunk, mine, staged, read, fresh, start);
+  });
   g.ready = comm_worker.Submit([this, fetched, g, mine, chunk, issued_ns] {
     STRATA_RETURN_IF_ERROR(fetched.get());
     int64_t t0 = NowNs();

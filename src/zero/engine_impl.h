@@ -202,6 +202,20 @@ struct Engine::Impl {
   std::vector<IoHandle> param_write_of;
   bool ParamWriteDone(int chunk);
   Status WaitParamWrite(int chunk);
+  // The out16 buffer that still holds each chunk's last shard written behind, until the
+  // step takes it again: the last chunks stepped are the first the next forward needs,
+  // and it copies them from memory instead of waiting for the write and reading it back.
+  // Set by the optimizer thread, borrowed by the training thread for fetch_worker's copy;
+  // a buffer is overwritten only once no copy from it is in progress.
+  std::mutex fresh_mu;
+  std::condition_variable fresh_cv;
+  std::vector<void*> fresh_shard;  // by chunk; nullptr when the disk is the only copy
+  std::map<void*, int> fresh_lent;  // buffer -> copies from it in progress
+  int shards_from_memory = 0;       // this step's (StepResult); training thread
+  void* BorrowFresh(int chunk);     // nullptr when none; else ReturnFresh it after the copy
+  void ReturnFresh(void* buf);
+  void SetFresh(int chunk, void* buf);  // nullptr forgets the chunk's
+  void ForgetFreshBuffer(void* buf);    // before buf is overwritten; waits for copies from it
   uint64_t opt_set_bytes = 0;     // master | m | v of one piece: a staging set, one NVMe slot
   uint64_t grad_slot_bytes = 0;   // one gradient shard, 4 KiB aligned
   int opt_staging_count = 0;
@@ -295,7 +309,9 @@ struct Engine::Impl {
   Result<IoHandle> ReadParamShard(int chunk, void* staged);
   // After the module at `pos` ran: frees gathered chunks no module in the window needs.
   void ReleaseGathered(int module, int pos);
-  Status FetchShard(int chunk, void* dst, void* staged, std::optional<IoHandle> read,
+  // NVMe tier: `fresh` is a borrowed copy in memory (BorrowFresh; returned here), else
+  // `read` is the read already issued into `staged`, or empty to read now.
+  Status FetchShard(int chunk, void* dst, void* staged, std::optional<IoHandle> read, void* fresh,
                     std::chrono::steady_clock::time_point start);
   // Reads the optimizer state of the chunks the backward steps first into free staging
   // sets (last micro-batch, optimizer on NVMe, overlap on); runs on opt_worker.

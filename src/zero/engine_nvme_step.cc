@@ -43,9 +43,41 @@ Result<float*> Engine::Impl::TakeOptStaging() {
 }
 
 Result<void*> Engine::Impl::TakeOut16Staging() {
-  if (void* p = out16_staging.TryTake()) return p;
-  if (!param_writes.empty()) return ReuseOldest(param_writes);
-  return InternalError("engine: no parameter staging buffer is free and none is being written");
+  void* p = out16_staging.TryTake();
+  if (p == nullptr && !param_writes.empty()) {
+    STRATA_ASSIGN_OR_RETURN(p, ReuseOldest(param_writes));
+  }
+  if (p == nullptr) {
+    return InternalError("engine: no parameter staging buffer is free and none is being written");
+  }
+  ForgetFreshBuffer(p);
+  return p;
+}
+
+void* Engine::Impl::BorrowFresh(int chunk) {
+  std::lock_guard lock(fresh_mu);
+  if (fresh_shard.empty() || fresh_shard[chunk] == nullptr) return nullptr;
+  ++fresh_lent[fresh_shard[chunk]];
+  return fresh_shard[chunk];
+}
+
+void Engine::Impl::ReturnFresh(void* buf) {
+  std::lock_guard lock(fresh_mu);
+  if (--fresh_lent[buf] == 0) fresh_lent.erase(buf);
+  fresh_cv.notify_all();
+}
+
+void Engine::Impl::SetFresh(int chunk, void* buf) {
+  std::lock_guard lock(fresh_mu);
+  if (!fresh_shard.empty()) fresh_shard[chunk] = buf;
+}
+
+void Engine::Impl::ForgetFreshBuffer(void* buf) {
+  std::unique_lock lock(fresh_mu);
+  fresh_cv.wait(lock, [&] { return fresh_lent.count(buf) == 0; });
+  for (void*& b : fresh_shard) {
+    if (b == buf) b = nullptr;
+  }
 }
 
 Status Engine::Impl::WaitSlotWrites(const std::deque<NvmeWrite>& writes, SlotId slot) {
@@ -118,6 +150,8 @@ Status Engine::Impl::WaitNvmeWrites() {
         o.commit_deferred = false;
       }
       if (first.ok() && !st.ok()) first = st;
+      // What never reached the disk must not be served in its place either.
+      if (!st.ok()) ForgetFreshBuffer(writes.front().buf);
       pool.Give(writes.front().buf);
       writes.pop_front();
     }
@@ -296,6 +330,7 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
       if (pw.ok()) {
         bytes_nvme_written += opt_elems * csize;
         param_writes.push_back(NvmeWrite{*pw, out, slot, -1, "writing parameters to NVMe"});
+        SetFresh(chunk, out);
         std::lock_guard lock(param_write_mu);
         param_write_of[chunk] = *pw;
         out = nullptr;

@@ -40,6 +40,7 @@ Status Engine::Impl::PublishParams(int chunk, const void* src, bool from_host) {
       return ops->Copy(zero::OpsLane::kOptimizer, param_shard[chunk].ptr, src, bytes);
     case ZeroTier::kHost: std::memcpy(param_shard[chunk].ptr, src, bytes); return OkStatus();
     case ZeroTier::kNvme: {
+      SetFresh(chunk, nullptr);  // a shard written behind earlier is stale now
       auto h = param_store->Write(param_shard[chunk].slot, src, bytes);
       STRATA_RETURN_IF_ERROR(h.ok() ? h->Wait() : h.status());
       bytes_nvme_written += bytes;
@@ -352,6 +353,7 @@ Result<StepResult> Engine::Step() {
   r.io_busy_s = s.io_busy_ns.exchange(0) * 1e-9;
   r.prefetch_modules = s.stage == 3 ? s.prefetch_modules : 0;
   r.gather_evictions = std::exchange(s.gather_evictions, 0);
+  r.shards_from_memory = std::exchange(s.shards_from_memory, 0);
   if (s.stage == 3) s.prefetch_modules = depth;
   r.bytes_nvme_read = s.bytes_nvme_read.exchange(0);
   r.bytes_nvme_written = s.bytes_nvme_written.exchange(0);

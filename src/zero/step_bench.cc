@@ -83,6 +83,7 @@ nlohmann::json RunJson(const StepBenchRun& r) {
           {"redone_steps", s.redone_steps},
           {"prefetch_modules", s.prefetch_modules},
           {"gather_evictions", s.gather_evictions},
+          {"shards_from_memory", s.shards_from_memory},
           {"bytes",
            {{"nvme_read", s.bytes_nvme_read},
             {"nvme_write", s.bytes_nvme_written},
