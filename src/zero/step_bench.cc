@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "strata/device.h"
 #include "strata/engine.h"
@@ -125,17 +126,36 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
                                                                  : c.zero.offload_param.nvme_path;
     nvme_dir = p.empty() ? std::string() : p.front();
   }
+  // The disk has slow spells: a probe taken in one would loosen the bound until the step
+  // beat it (seen: efficiency 1.02). So it is probed after the main run and again after
+  // the overlap-off run, and each rate is the best either probe reached.
+  const int64_t opt_params =
+      main.layout.num_chunks * (c.zero.stage == 0 ? main.layout.chunk_elems : main.layout.shard_elems);
+  // The disk's rate over as many bytes as a step moves each way (within 256 MiB-2 GiB).
+  const uint64_t step_io = std::max(main.last.bytes_nvme_read, main.last.bytes_nvme_written);
+  const uint64_t probe = std::clamp<uint64_t>(step_io, 256ull << 20, 2ull << 30);
+  const double moved = static_cast<double>(main.last.bytes_nvme_read + main.last.bytes_nvme_written);
+  const double read_fraction = moved > 0 ? main.last.bytes_nvme_read / moved : 0.5;
+  LaneRates rates;
+  int probes = 0;
+  auto measure = [&]() -> Status {
+    if (!o.measure_rates) return OkStatus();
+    STRATA_ASSIGN_OR_RETURN(LaneRates r, MeasureLaneRates(nvme_dir, opt_params, probe, read_fraction));
+    rates = probes++ == 0 ? r : BestOf(rates, r);
+    return OkStatus();
+  };
+  STRATA_RETURN_IF_ERROR(measure());
+  std::optional<StepBenchRun> off;
+  if (o.compare_serial && c.strata.overlap) {
+    Config serial = c;
+    serial.strata.overlap = false;
+    serial.strata.trace_file.clear();
+    STRATA_ASSIGN_OR_RETURN(off, RunOnce(world, serial, o.spec, nullptr, false));
+    j["serial_run"] = RunJson(*off);
+    STRATA_RETURN_IF_ERROR(measure());
+  }
   StepModel model;
-  double rates_mixed_gbs = 0;
   if (o.measure_rates) {
-    const int64_t opt_params = main.layout.num_chunks * (c.zero.stage == 0 ? main.layout.chunk_elems
-                                                                           : main.layout.shard_elems);
-    // The disk's rate over as many bytes as a step moves each way (within 256 MiB-2 GiB).
-    const uint64_t step_io = std::max(main.last.bytes_nvme_read, main.last.bytes_nvme_written);
-    const uint64_t probe = std::clamp<uint64_t>(step_io, 256ull << 20, 2ull << 30);
-    const double moved = static_cast<double>(main.last.bytes_nvme_read + main.last.bytes_nvme_written);
-    const double read_fraction = moved > 0 ? main.last.bytes_nvme_read / moved : 0.5;
-    STRATA_ASSIGN_OR_RETURN(LaneRates rates, MeasureLaneRates(nvme_dir, opt_params, probe, read_fraction));
     LaneWork w;
     w.compute_s = main.timing.compute_s();
     w.adam_params = static_cast<double>(opt_params);
@@ -151,8 +171,8 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
                   {"nvme_mixed_bytes_per_s", rates.nvme_mixed_bytes_per_s},
                   {"nvme_mixed_read_fraction", read_fraction},
                   {"nvme_probe_bytes", probe},
+                  {"probes", probes},
                   {"nvme_backend", rates.nvme_backend}};
-    rates_mixed_gbs = rates.nvme_mixed_bytes_per_s / 1e9;
     j["model_time"] = ToJson(model);
     j["overlap_efficiency"] = model.bound_s / main.step_s;
     if (model.bound_mixed_s > 0) j["overlap_efficiency_mixed"] = model.bound_mixed_s / main.step_s;
@@ -196,21 +216,16 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
            ", overlap efficiency (bound / measured) " + Fmt("%.2f", model.bound_s / main.step_s) + "\n";
     if (model.bound_mixed_s > 0) {
       out += "  with the disk's reads and writes timed together at its mixed rate (" +
-             Fmt("%.2f", rates_mixed_gbs) + " GB/s): bound " + FormatSeconds(model.bound_mixed_s) +
+             Fmt("%.2f", rates.nvme_mixed_bytes_per_s / 1e9) + " GB/s): bound " + FormatSeconds(model.bound_mixed_s) +
              ", efficiency " + Fmt("%.2f", model.bound_mixed_s / main.step_s) + "\n";
     }
   }
-  if (o.compare_serial && c.strata.overlap) {
-    Config serial = c;
-    serial.strata.overlap = false;
-    serial.strata.trace_file.clear();
-    STRATA_ASSIGN_OR_RETURN(StepBenchRun off, RunOnce(world, serial, o.spec, nullptr, false));
-    j["serial_run"] = RunJson(off);
-    double speedup = off.step_s / main.step_s;
+  if (off) {
+    const double speedup = off->step_s / main.step_s;
     j["speedup"] = speedup;
-    out += "  overlap off: step " + FormatSeconds(off.step_s) + "; speedup " + Fmt("%.2f", speedup) + "x";
+    out += "  overlap off: step " + FormatSeconds(off->step_s) + "; speedup " + Fmt("%.2f", speedup) + "x";
     if (o.measure_rates && model.bound_s > 0) {
-      double predicted = model.serial_s / model.bound_s;
+      const double predicted = model.serial_s / model.bound_s;
       j["predicted_speedup"] = predicted;
       j["speedup_fraction_of_predicted"] = speedup / predicted;
       out += " (model predicts " + Fmt("%.2f", predicted) + "x: " + Fmt("%.0f%%", 100 * speedup / predicted) +

@@ -116,6 +116,16 @@ Status MeasureNvme(const std::string& dir, uint64_t probe_bytes, double read_fra
 
 }  // namespace
 
+LaneRates BestOf(const LaneRates& a, const LaneRates& b) {
+  LaneRates r = a;
+  r.adam_params_per_s = std::max(a.adam_params_per_s, b.adam_params_per_s);
+  r.copy_bytes_per_s = std::max(a.copy_bytes_per_s, b.copy_bytes_per_s);
+  r.nvme_read_bytes_per_s = std::max(a.nvme_read_bytes_per_s, b.nvme_read_bytes_per_s);
+  r.nvme_write_bytes_per_s = std::max(a.nvme_write_bytes_per_s, b.nvme_write_bytes_per_s);
+  r.nvme_mixed_bytes_per_s = std::max(a.nvme_mixed_bytes_per_s, b.nvme_mixed_bytes_per_s);
+  return r;
+}
+
 Result<LaneRates> MeasureLaneRates(const std::string& nvme_dir, int64_t adam_params, uint64_t nvme_probe_bytes,
                                    double read_fraction) {
   LaneRates r;

@@ -39,6 +39,9 @@ struct LaneRates {
 Result<LaneRates> MeasureLaneRates(const std::string& nvme_dir, int64_t adam_params,
                                    uint64_t nvme_probe_bytes = 256ull << 20, double read_fraction = 0.5);
 
+// Each rate the better of a and b (two probes of the same machine).
+LaneRates BestOf(const LaneRates& a, const LaneRates& b);
+
 struct LaneWork {
   double compute_s = 0;  // measured: the model's passes without the hooks' waits
   double adam_params = 0;

@@ -54,6 +54,24 @@ TEST(StepModel, MixedRateTimesReadsAndWritesTogether) {
   EXPECT_DOUBLE_EQ(m.bound_s, 1.5) << "the strict bound does not change";
 }
 
+// Two probes, one in a slow spell of the disk: the bound takes each rate from the probe
+// that reached it, so a spell in one probe cannot loosen it.
+TEST(StepModel, BestOfTwoProbesTakesEachRateFromEither) {
+  LaneRates slow = Rates(), fast = Rates();
+  slow.nvme_read_bytes_per_s = 1e9;
+  slow.nvme_mixed_bytes_per_s = 2e9;
+  fast.nvme_write_bytes_per_s = 2e9;
+  fast.nvme_mixed_bytes_per_s = 3e9;
+  fast.adam_params_per_s = 2e9;
+  for (const LaneRates& b : {BestOf(slow, fast), BestOf(fast, slow)}) {
+    EXPECT_EQ(b.nvme_read_bytes_per_s, 3e9);
+    EXPECT_EQ(b.nvme_write_bytes_per_s, 4e9);
+    EXPECT_EQ(b.nvme_mixed_bytes_per_s, 3e9);
+    EXPECT_EQ(b.adam_params_per_s, 2e9);
+    EXPECT_EQ(b.copy_bytes_per_s, 10e9);
+  }
+}
+
 TEST(StepModel, ProbeMeasuresEveryDiskRateOnARealFile) {
   auto dir = std::filesystem::current_path() / "step-model-probe";
   auto r = MeasureLaneRates(dir.string(), 1 << 16, 64ull << 20, 0.6);
