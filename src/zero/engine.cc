@@ -388,8 +388,10 @@ Status Engine::Impl::AllocateMemory() {
     // With overlap on and clipping off no step is ever redone, so a shard on the NVMe
     // path never touches the disk (engine_grads.cc): auto takes it then even when the
     // budget would hold the shards, and the freed memory deepens the staging pipeline
-    // (100M-parameter stage-3 step at 1200 MiB: 1.70 s against 1.82 s in memory).
-    const bool free_on_nvme = overlap && config.gradient_clipping <= 0;
+    // (100M-parameter stage-3 step at 1200 MiB: 1.70 s against 1.82 s in memory). Not
+    // with gradient accumulation: every micro-batch but the last writes and reads back
+    // each shard there.
+    const bool free_on_nvme = overlap && config.gradient_clipping <= 0 && config.gradient_accumulation_steps <= 1;
     if (want == "nvme" ||
         (want == "auto" && (free_on_nvme || on_host + fragmentation(on_host) > host_budget))) {
       grad_tier = ZeroTier::kNvme;

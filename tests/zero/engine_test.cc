@@ -150,6 +150,15 @@ TEST(Engine, AutoMovesGradientsToNvmeWhenTheHostBudgetIsShort) {
   auto unclipped = PlanOnly(MakeConfig({3, "nvme", "nvme"}), spec);
   ASSERT_TRUE(unclipped.ok()) << unclipped.status().ToString();
   EXPECT_TRUE(unclipped->gradients_on_nvme) << "without clipping the NVMe path writes nothing";
+  auto accumulating = PlanOnly(MakeConfig({3, "nvme", "nvme"}, R"({"gradient_accumulation_steps": 4})"), spec);
+  ASSERT_TRUE(accumulating.ok()) << accumulating.status().ToString();
+  EXPECT_FALSE(accumulating->gradients_on_nvme) << "accumulating writes and reads them back each micro-batch";
+  auto short_accumulating = PlanOnly(
+      MakeConfig({3, "nvme", "nvme"},
+                 R"({"gradient_accumulation_steps": 4, "strata": {"host_budget": )" + std::to_string(budget) + "}}"),
+      spec);
+  ASSERT_TRUE(short_accumulating.ok()) << short_accumulating.status().ToString();
+  EXPECT_TRUE(short_accumulating->gradients_on_nvme) << "a budget too small for them still puts them there";
   auto serial = PlanOnly(MakeConfig({3, "nvme", "nvme"}, R"({"strata": {"overlap": false}})"), spec);
   ASSERT_TRUE(serial.ok()) << serial.status().ToString();
   EXPECT_FALSE(serial->gradients_on_nvme) << "a serial step would read them back";
