@@ -176,6 +176,9 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
     j["model_time"] = ToJson(model);
     j["overlap_efficiency"] = model.bound_s / main.step_s;
     if (model.bound_mixed_s > 0) j["overlap_efficiency_mixed"] = model.bound_mixed_s / main.step_s;
+    // A bound the step beat is no bound: the disk was slower in both probes than in the
+    // step (seen once in ~30 runs on the shared disk, at efficiency 1.04).
+    j["probe_slower_than_step"] = model.bound_s > main.step_s;
   }
   std::string out;
   out += "step: " + std::to_string(main.layout.num_params) + " params, stage " + std::to_string(c.zero.stage) +
@@ -214,6 +217,10 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
     out += "  model: bound " + FormatSeconds(model.bound_s) + " (cpu lanes " + FormatSeconds(model.cpu_s) +
            ", nvme " + FormatSeconds(model.nvme_s) + "), serial " + FormatSeconds(model.serial_s) +
            ", overlap efficiency (bound / measured) " + Fmt("%.2f", model.bound_s / main.step_s) + "\n";
+    if (model.bound_s > main.step_s) {
+      out += "  the step beat the bound: the disk ran slower in both probes than in the step (a slow "
+             "spell); these efficiencies are not valid, run again\n";
+    }
     if (model.bound_mixed_s > 0) {
       out += "  with the disk's reads and writes timed together at its mixed rate (" +
              Fmt("%.2f", rates.nvme_mixed_bytes_per_s / 1e9) + " GB/s): bound " + FormatSeconds(model.bound_mixed_s) +
