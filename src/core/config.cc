@@ -78,12 +78,12 @@ Status ReadZero(JsonReader& r, ZeroConfig* z) {
   STRATA_RETURN_IF_ERROR(r.Bytes("reduce_bucket_size", &z->reduce_bucket_size));
   STRATA_RETURN_IF_ERROR(r.Bytes("allgather_bucket_size", &z->allgather_bucket_size));
   STRATA_RETURN_IF_ERROR(r.Bool("overlap_comm", &z->overlap_comm));
-  STRATA_RETURN_IF_ERROR(r.Bytes("stage3_prefetch_bucket_size", &z->stage3_prefetch_bucket_size));
-  STRATA_RETURN_IF_ERROR(r.Bytes("stage3_max_live_parameters", &z->stage3_max_live_parameters));
-  STRATA_RETURN_IF_ERROR(r.Bytes("stage3_max_reuse_distance", &z->stage3_max_reuse_distance));
+  STRATA_RETURN_IF_ERROR(r.Count("stage3_prefetch_bucket_size", &z->stage3_prefetch_bucket_size));
+  STRATA_RETURN_IF_ERROR(r.Count("stage3_max_live_parameters", &z->stage3_max_live_parameters));
+  STRATA_RETURN_IF_ERROR(r.Count("stage3_max_reuse_distance", &z->stage3_max_reuse_distance));
   STRATA_RETURN_IF_ERROR(
-      r.Bytes("stage3_param_persistence_threshold", &z->stage3_param_persistence_threshold));
-  STRATA_RETURN_IF_ERROR(r.Bytes("sub_group_size", &z->sub_group_size));
+      r.Count("stage3_param_persistence_threshold", &z->stage3_param_persistence_threshold));
+  STRATA_RETURN_IF_ERROR(r.Count("sub_group_size", &z->sub_group_size));
   if (z->sub_group_size == 0) {
     return InvalidArgumentError(r.Path("sub_group_size") +
                                 ": must be at least 1 parameter (it bounds an NVMe optimizer piece; the default 1e9 "

@@ -112,11 +112,21 @@ Status JsonReader::Enum(std::string_view key, std::initializer_list<std::string_
   return InvalidArgumentError(Path(key) + ": expected one of " + list + ", got \"" + s + "\"");
 }
 
-Status JsonReader::Bytes(std::string_view key, uint64_t* out) {
+Status JsonReader::Bytes(std::string_view key, uint64_t* out) { return Amount(key, "bytes", out); }
+
+Status JsonReader::Count(std::string_view key, uint64_t* out) { return Amount(key, "parameters", out); }
+
+Status JsonReader::Amount(std::string_view key, std::string_view unit, uint64_t* out) {
   const auto* v = Find(key);
   if (!v) return OkStatus();
+  const bool bytes = unit == "bytes";
+  const std::string sized = bytes ? "a size like \"64MiB\"" : "a count like \"100M\"";
   if (v->is_string()) {
-    auto r = ParseBytes(v->get<std::string>());
+    const std::string text = v->get<std::string>();
+    // A count also takes a binary size ("64MiB" as 64Mi parameters), as it did when these
+    // keys were read as bytes.
+    auto r = bytes ? ParseBytes(text) : ParseCount(text);
+    if (!r.ok() && !bytes && ParseBytes(text).ok()) r = ParseBytes(text);
     if (!r.ok()) return InvalidArgumentError(Path(key) + ": " + r.status().message());
     *out = *r;
     return OkStatus();
@@ -124,12 +134,12 @@ Status JsonReader::Bytes(std::string_view key, uint64_t* out) {
   if (v->is_number()) {
     double d = v->get<double>();
     if (d < 0 || std::floor(d) != d || d > 1.8e19) {
-      return TypeError(key, "a whole number of bytes >= 0 or a size like \"64MiB\"", *v);
+      return TypeError(key, "a whole number of " + std::string(unit) + " >= 0 or " + sized, *v);
     }
     *out = v->is_number_unsigned() ? v->get<uint64_t>() : static_cast<uint64_t>(d);
     return OkStatus();
   }
-  return TypeError(key, "a number of bytes or a size like \"64MiB\"", *v);
+  return TypeError(key, "a number of " + std::string(unit) + " or " + sized, *v);
 }
 
 Status JsonReader::StringOrList(std::string_view key, std::vector<std::string>* out) {

@@ -29,6 +29,9 @@ class JsonReader {
   Status Enum(std::string_view key, std::initializer_list<std::string_view> allowed, std::string* out);
   // A number of bytes, or a string with a unit ("64MiB"); DeepSpeed writes 5e8.
   Status Bytes(std::string_view key, uint64_t* out);
+  // A number of parameters (elements): a whole number (DeepSpeed writes 1e9), or a
+  // string "100M" (ParseCount; "64MiB" is read as 64Mi parameters).
+  Status Count(std::string_view key, uint64_t* out);
   // A string, or a list of strings.
   Status StringOrList(std::string_view key, std::vector<std::string>* out);
   // A list of exactly two numbers in [lo, hi].
@@ -44,6 +47,8 @@ class JsonReader {
 
  private:
   const nlohmann::json* Find(std::string_view key);
+  // Bytes and Count: `unit` names what the number counts in the errors.
+  Status Amount(std::string_view key, std::string_view unit, uint64_t* out);
   Status TypeError(std::string_view key, std::string_view expected, const nlohmann::json& got) const;
 
   const nlohmann::json* obj_;

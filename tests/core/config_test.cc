@@ -37,6 +37,17 @@ TEST(Config, DefaultsFromEmptyObject) {
   EXPECT_EQ(c->strata.gradients, "auto");
 }
 
+// Parameter counts take DeepSpeed's numbers, decimal suffixes, and binary sizes (read
+// as that many parameters, as when these keys were parsed as bytes).
+TEST(Config, ParameterCountsTakeNumbersSuffixesAndSizes) {
+  auto c = ParseConfigText(R"({"zero_optimization": {"stage3_max_live_parameters": 1e9,
+      "stage3_max_reuse_distance": "100M", "stage3_prefetch_bucket_size": "64MiB"}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->zero.stage3_max_live_parameters, 1'000'000'000u);
+  EXPECT_EQ(c->zero.stage3_max_reuse_distance, 100'000'000u);
+  EXPECT_EQ(c->zero.stage3_prefetch_bucket_size, 64u << 20);
+}
+
 TEST(Config, DeepSpeedInfinityConfigMeansTheSame) {
   const char* text = R"({
     "train_micro_batch_size_per_gpu": 4,
@@ -101,6 +112,13 @@ TEST(Config, WrongTypesAndValues) {
   ExpectError(R"({"zero_optimization": {"reduce_bucket_size": -1}})", {"reduce_bucket_size"});
   ExpectError(R"({"zero_optimization": {"reduce_bucket_size": "lots"}})", {"reduce_bucket_size", "lots"});
   ExpectError(R"({"zero_optimization": []})", {"zero_optimization", "an object"});
+  // The stage-3 bounds count parameters, not bytes.
+  ExpectError(R"({"zero_optimization": {"stage3_max_reuse_distance": -1}})",
+              {"zero_optimization.stage3_max_reuse_distance", "whole number of parameters"});
+  ExpectError(R"({"zero_optimization": {"stage3_max_live_parameters": true}})",
+              {"stage3_max_live_parameters", "number of parameters", "100M"});
+  ExpectError(R"({"zero_optimization": {"stage3_param_persistence_threshold": "many"}})",
+              {"stage3_param_persistence_threshold", "many"});
   ExpectError(R"({"aio": {"block_size": 1000}})", {"aio.block_size", "4096"});
   ExpectError(R"({"aio": {"queue_depth": 0}})", {"aio.queue_depth"});
   ExpectError(R"({"optimizer": {"type": "SGD"}})", {"optimizer.type", "AdamW|Adam", "SGD"});
