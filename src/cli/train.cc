@@ -23,6 +23,7 @@ struct TrainFlags {
   int steps = 0;
   int64_t micro_batch = 32;
   bool no_overlap = false, serial_too = true, json = false;
+  int repeat = 1;  // bench step: whole rounds, medians reported
   std::string trace;
 };
 
@@ -109,7 +110,17 @@ void Run(const TrainFlags& f, bool bench) {
   auto world = InitWorld(CommOptions{"world", opts->config.strata.collective_timeout_s});
   ThrowIfError(world.status());
   std::string text;
-  auto report = zero::RunStepBench(**world, *opts, &text);
+  Result<nlohmann::json> report = nlohmann::json();
+  if (f.repeat <= 1) {
+    report = zero::RunStepBench(**world, *opts, &text);
+  } else {
+    std::vector<nlohmann::json> rounds;
+    for (int i = 0; i < f.repeat && report.ok(); ++i) {
+      report = zero::RunStepBench(**world, *opts, nullptr);
+      if (report.ok()) rounds.push_back(*report);
+    }
+    if (report.ok()) report = zero::SummarizeRounds(rounds, &text);
+  }
   ThrowIfError(report.status());
   if ((*world)->rank() == 0) {
     if (f.json) {
@@ -135,6 +146,9 @@ void AddBenchStepCommand(CLI::App& bench) {
   auto* f = new TrainFlags;
   auto* cmd = bench.add_subcommand("step", "training steps: time, breakdown, bytes per link, high water, model bound");
   AddFlags(cmd, f, 3);
+  cmd->add_option("--repeat", f->repeat, "whole rounds (run, probe, overlap off, probe); medians reported")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   cmd->callback([f] { Run(*f, /*bench=*/true); });
 }
 

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "strata/comm.h"
 #include "strata/config.h"
@@ -32,5 +33,15 @@ struct StepBenchRun {
 // Runs the configured engine (and the serial variant), collective over `world`.
 // Returns the report as JSON; `text` receives the human-readable form.
 Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions& options, std::string* text);
+
+// `strata bench step --repeat N`: the shared disk's rate drifts by ±10% between runs,
+// so one run's efficiency is noise-prone. The medians over rounds (each a whole
+// RunStepBench: overlapped run, probe, overlap-off run, probe) of step_s,
+// overlap_efficiency, overlap_efficiency_mixed, speedup and
+// speedup_fraction_of_predicted; a round whose step beat its bound
+// (probe_slower_than_step) counts for the step time and speedup but not for the figures
+// measured against the bound. Returns {"rounds": [...], "median": {...},
+// "invalid_bound_rounds": n}; `text` receives a one-line-per-round table.
+nlohmann::json SummarizeRounds(const std::vector<nlohmann::json>& rounds, std::string* text);
 
 }  // namespace strata::zero

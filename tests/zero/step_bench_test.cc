@@ -1,0 +1,54 @@
+// The medians of `strata bench step --repeat`, on reports with chosen figures.
+#include "zero/step_bench.h"
+
+#include <gtest/gtest.h>
+
+namespace strata::zero {
+namespace {
+
+nlohmann::json Round(double step_s, double efficiency, double speedup, bool bound_valid = true) {
+  nlohmann::json r;
+  r["run"]["step_s"] = step_s;
+  r["overlap_efficiency"] = efficiency;
+  r["overlap_efficiency_mixed"] = efficiency + 0.1;
+  r["speedup"] = speedup;
+  r["speedup_fraction_of_predicted"] = speedup / 2;
+  r["probe_slower_than_step"] = !bound_valid;
+  return r;
+}
+
+TEST(StepBench, MediansOverRounds) {
+  std::string text;
+  const nlohmann::json s =
+      SummarizeRounds({Round(1.4, 0.80, 1.6), Round(1.2, 0.70, 1.8), Round(1.3, 0.90, 1.7)}, &text);
+  const nlohmann::json& m = s["median"];
+  EXPECT_DOUBLE_EQ(m["step_s"].get<double>(), 1.3);
+  EXPECT_DOUBLE_EQ(m["overlap_efficiency"].get<double>(), 0.80);
+  EXPECT_DOUBLE_EQ(m["overlap_efficiency_mixed"].get<double>(), 0.90);
+  EXPECT_DOUBLE_EQ(m["speedup"].get<double>(), 1.7);
+  EXPECT_DOUBLE_EQ(m["speedup_fraction_of_predicted"].get<double>(), 0.85);
+  EXPECT_EQ(s["rounds"].size(), 3u);
+  EXPECT_EQ(s["invalid_bound_rounds"].get<int>(), 0);
+  EXPECT_NE(text.find("median step"), std::string::npos) << text;
+}
+
+// A round whose step beat its bound (both probes in a slow spell) keeps its step time
+// and speedup, but its efficiency (1.04 here) must not lift the median of the figures
+// measured against the bound.
+TEST(StepBench, RoundsWithABoundTheStepBeatAreLeftOutOfTheBoundFigures) {
+  std::string text;
+  const nlohmann::json s =
+      SummarizeRounds({Round(1.4, 0.70, 1.5), Round(1.3, 1.04, 1.9, /*bound_valid=*/false),
+                       Round(1.5, 0.80, 1.6), Round(1.6, 0.60, 1.7)},
+                      &text);
+  const nlohmann::json& m = s["median"];
+  EXPECT_DOUBLE_EQ(m["step_s"].get<double>(), 1.45);
+  EXPECT_DOUBLE_EQ(m["speedup"].get<double>(), 1.65);
+  EXPECT_DOUBLE_EQ(m["overlap_efficiency"].get<double>(), 0.70) << "the median of 0.70, 0.80 and 0.60 only";
+  EXPECT_DOUBLE_EQ(m["speedup_fraction_of_predicted"].get<double>(), 0.80);
+  EXPECT_EQ(s["invalid_bound_rounds"].get<int>(), 1);
+  EXPECT_NE(text.find("not valid"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace strata::zero
