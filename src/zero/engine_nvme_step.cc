@@ -55,6 +55,15 @@ Result<void*> Engine::Impl::TakeOut16Staging() {
 }
 
 void* Engine::Impl::BorrowFresh(int chunk) {
+  {
+    // A write that failed is reported where the gather waits for it (FetchShard), not
+    // hidden behind a copy of what never reached the disk.
+    std::lock_guard lock(param_write_mu);
+    if (!param_write_of.empty() && param_write_of[chunk].valid() && param_write_of[chunk].Poll() &&
+        !param_write_of[chunk].Wait().ok()) {
+      return nullptr;
+    }
+  }
   std::lock_guard lock(fresh_mu);
   if (fresh_shard.empty() || fresh_shard[chunk] == nullptr) return nullptr;
   ++fresh_lent[fresh_shard[chunk]];

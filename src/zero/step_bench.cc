@@ -178,8 +178,10 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
     j["overlap_efficiency"] = model.bound_s / main.step_s;
     if (model.bound_mixed_s > 0) j["overlap_efficiency_mixed"] = model.bound_mixed_s / main.step_s;
     // A bound the step beat is no bound: the disk was slower in both probes than in the
-    // step (seen once in ~30 runs on the shared disk, at efficiency 1.04).
+    // step (seen once in ~30 runs on the shared disk, at efficiency 1.04). The mixed bound
+    // is usually the larger, so it is checked on its own.
     j["probe_slower_than_step"] = model.bound_s > main.step_s;
+    j["mixed_bound_beaten"] = model.bound_mixed_s > main.step_s;
   }
   std::string out;
   out += "step: " + std::to_string(main.layout.num_params) + " params, stage " + std::to_string(c.zero.stage) +
@@ -219,13 +221,17 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
            ", nvme " + FormatSeconds(model.nvme_s) + "), serial " + FormatSeconds(model.serial_s) +
            ", overlap efficiency (bound / measured) " + Fmt("%.2f", model.bound_s / main.step_s) + "\n";
     if (model.bound_s > main.step_s) {
-      out += "  the step beat the bound: the disk ran slower in both probes than in the step (a slow "
-             "spell); these efficiencies are not valid, run again\n";
+      out += model.nvme_s >= model.cpu_s
+                 ? "  the step beat the bound: the disk ran slower in the probes than in the step (a slow "
+                   "spell); these efficiencies are not valid, run again\n"
+                 : "  the step beat the bound: the CPU lanes (measured compute, probed Adam, copies and "
+                   "collectives) add up to more than the step; these efficiencies are not valid\n";
     }
     if (model.bound_mixed_s > 0) {
       out += "  with the disk's reads and writes timed together at its mixed rate (" +
              Fmt("%.2f", rates.nvme_mixed_bytes_per_s / 1e9) + " GB/s): bound " + FormatSeconds(model.bound_mixed_s) +
-             ", efficiency " + Fmt("%.2f", model.bound_mixed_s / main.step_s) + "\n";
+             ", efficiency " + Fmt("%.2f", model.bound_mixed_s / main.step_s) +
+             (model.bound_mixed_s > main.step_s ? " (not valid: the step beat this bound)" : "") + "\n";
     }
   }
   if (off) {
@@ -259,18 +265,22 @@ nlohmann::json SummarizeRounds(const std::vector<nlohmann::json>& rounds, std::s
   for (size_t i = 0; i < rounds.size(); ++i) {
     const nlohmann::json& r = rounds[i];
     const bool valid = !r.value("probe_slower_than_step", false);
-    invalid += !valid;
+    const bool mixed_valid = valid && !r.value("mixed_bound_beaten", false);
+    invalid += !mixed_valid;
     figures["step_s"].push_back(r["run"]["step_s"].get<double>());
     if (r.contains("speedup")) figures["speedup"].push_back(r["speedup"].get<double>());
     for (const char* k : against_bound) {
-      if (valid && r.contains(k)) figures[k].push_back(r[k].get<double>());
+      const bool mixed = std::string(k) == "overlap_efficiency_mixed";
+      if ((mixed ? mixed_valid : valid) && r.contains(k)) figures[k].push_back(r[k].get<double>());
     }
     auto fig = [&](const char* k) { return r.contains(k) ? Fmt("%.2f", r[k].get<double>()) : std::string("-"); };
     char line[160];
     std::snprintf(line, sizeof(line), "%5zu  %-8s  %-10s  %-5s  %-7s  %s%s\n", i + 1,
                   FormatSeconds(r["run"]["step_s"].get<double>()).c_str(), fig("overlap_efficiency").c_str(),
                   fig("overlap_efficiency_mixed").c_str(), fig("speedup").c_str(),
-                  fig("speedup_fraction_of_predicted").c_str(), valid ? "" : "  (bound not valid: slow probe)");
+                  fig("speedup_fraction_of_predicted").c_str(),
+                  valid ? (mixed_valid ? "" : "  (mixed bound not valid: the step beat it)")
+                        : "  (bound not valid: the step beat it)");
     out += line;
   }
   nlohmann::json med = nlohmann::json::object();
@@ -287,7 +297,7 @@ nlohmann::json SummarizeRounds(const std::vector<nlohmann::json>& rounds, std::s
     out += " (" + Fmt("%.0f%%", 100 * med["speedup_fraction_of_predicted"].get<double>()) + " of predicted)";
   }
   out += " over " + std::to_string(rounds.size()) + " rounds";
-  if (invalid) out += "; " + std::to_string(invalid) + " with a bound not valid left out of the bound figures";
+  if (invalid) out += "; " + std::to_string(invalid) + " with a bound not valid left out of its figures";
   out += "\n";
   if (text) *text = out;
   return {{"rounds", rounds}, {"median", med}, {"invalid_bound_rounds", invalid}};

@@ -40,8 +40,9 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
 // overlap_efficiency, overlap_efficiency_mixed, speedup and
 // speedup_fraction_of_predicted; a round whose step beat its bound
 // (probe_slower_than_step) counts for the step time and speedup but not for the figures
-// measured against the bound. Returns {"rounds": [...], "median": {...},
-// "invalid_bound_rounds": n}; `text` receives a one-line-per-round table.
+// measured against the bound, and one whose step beat only the mixed bound
+// (mixed_bound_beaten) not for the mixed efficiency. Returns {"rounds": [...],
+// "median": {...}, "invalid_bound_rounds": n}; `text` receives a one-line-per-round table.
 nlohmann::json SummarizeRounds(const std::vector<nlohmann::json>& rounds, std::string* text);
 
 }  // namespace strata::zero

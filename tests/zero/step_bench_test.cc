@@ -50,5 +50,20 @@ TEST(StepBench, RoundsWithABoundTheStepBeatAreLeftOutOfTheBoundFigures) {
   EXPECT_NE(text.find("not valid"), std::string::npos) << text;
 }
 
+// The mixed bound is usually the larger: a step can beat it alone, and then only the
+// mixed efficiency of that round is left out.
+TEST(StepBench, ARoundThatBeatOnlyTheMixedBoundKeepsItsStrictFigures) {
+  nlohmann::json beaten = Round(1.2, 0.95, 1.8);
+  beaten["overlap_efficiency_mixed"] = 1.05;
+  beaten["mixed_bound_beaten"] = true;
+  std::string text;
+  const nlohmann::json s = SummarizeRounds({Round(1.4, 0.70, 1.6), beaten, Round(1.3, 0.80, 1.7)}, &text);
+  const nlohmann::json& m = s["median"];
+  EXPECT_DOUBLE_EQ(m["overlap_efficiency"].get<double>(), 0.80);
+  EXPECT_DOUBLE_EQ(m["overlap_efficiency_mixed"].get<double>(), 0.85) << "0.80 and 0.90, not 1.05";
+  EXPECT_EQ(s["invalid_bound_rounds"].get<int>(), 1);
+  EXPECT_NE(text.find("mixed bound not valid"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace strata::zero
