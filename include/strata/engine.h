@@ -69,6 +69,7 @@
 namespace strata {
 
 class HostArena;
+class IoFaultHook;  // io.h: test-only fault injection
 class Timeline;
 
 // Writes elements [begin, begin + count) of tensor `tensor` of module `module` in fp32.
@@ -92,6 +93,9 @@ struct EngineResources {
   HostArena* host_arena = nullptr;
   // Optional; records compute, collectives, copies, I/O and optimizer work.
   Timeline* timeline = nullptr;
+  // Tests only: handed to the engine's NVMe I/O engine (IoEngineOptions::fault_hook), so
+  // tests drive the engine's own error paths against real files. Null in production.
+  std::shared_ptr<IoFaultHook> io_fault_hook = nullptr;
 };
 
 // Where the time of a step went, in seconds of wall time on the calling thread, and
@@ -182,6 +186,12 @@ class Engine : public model::MlpHooks {
   // Ends the accumulation window: waits for gradient reduction, computes the global
   // norm and overflow, runs (or commits) the optimizer on every owned shard and puts
   // the updated compute parameters where the next forward needs them.
+  // An error other than FailedPrecondition (a call at the wrong time, refused before
+  // anything changed), e.g. an NVMe write that failed, leaves the engine failed: what the step
+  // left in flight is waited for, and with the optimizer state on NVMe (the tier with
+  // I/O to fail) what it had committed is cancelled, so GatherMaster reads the
+  // parameters of the last Step() that succeeded; BeginMicroBatch and Step
+  // then return FailedPrecondition naming the error (train on with a new engine).
   Result<StepResult> Step();
   // Step() returns before the optimizer's last writes reach NVMe: they finish while the
   // next forward runs (every read of what they write waits for them). Flush waits for

@@ -187,6 +187,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, std::vector
   s.device = res.device;
   s.arena = res.host_arena;
   s.timeline = res.timeline;
+  s.io_fault_hook = res.io_fault_hook;
   if (s.timeline) {
     s.track_compute = s.timeline->AddTrack("engine compute");
     s.track_comm = s.timeline->AddTrack("engine collectives");
@@ -606,7 +607,9 @@ Status Engine::Impl::AllocateMemory() {
 
   // NVMe tier.
   if (opt_tier == ZeroTier::kNvme || param_tier == ZeroTier::kNvme) {
-    STRATA_ASSIGN_OR_RETURN(io, IoEngine::Create(IoEngineOptions::FromConfig(config)));
+    IoEngineOptions io_options = IoEngineOptions::FromConfig(config);
+    io_options.fault_hook = io_fault_hook;
+    STRATA_ASSIGN_OR_RETURN(io, IoEngine::Create(io_options));
     IoBufferRegion region{arena->base(), arena->size()};
     Status reg = io->RegisterBuffers({&region, 1});
     if (!reg.ok()) STRATA_LOG(kWarn, "engine") << "I/O without fixed buffers: " << reg.ToString();

@@ -14,6 +14,10 @@ namespace strata {
 
 Status Engine::BeginMicroBatch() {
   Impl& s = *impl_;
+  if (!s.failed.ok()) {
+    return FailedPreconditionError("engine: an earlier Step() failed (" + s.failed.ToString() +
+                                   "); create a new engine to train on");
+  }
   if (s.in_micro_batch) ++s.micro_batch;
   s.in_micro_batch = true;
   if (s.micro_batch >= s.config.gradient_accumulation_steps) {

@@ -59,7 +59,14 @@ struct Engine::Impl {
   zero::DeviceOps& OpsOn(ZeroTier tier) { return tier == ZeroTier::kDevice ? *ops : zero::HostMemoryOps(); }
   HostArena* arena = nullptr;
   std::unique_ptr<HostArena> own_arena;
+  // The error of a Step() that failed (Engine::Step); the engine then trains no more.
+  Status failed;
+  Result<StepResult> StepOnce();
+  // After a failed Step(): waits for what it left in flight and cancels what it had
+  // committed, so the master stays the one of the last Step() that succeeded.
+  void AbandonStep(const Status& why);
   std::unique_ptr<IoEngine> io;
+  std::shared_ptr<IoFaultHook> io_fault_hook;  // EngineResources::io_fault_hook (tests)
   std::unique_ptr<NvmeStore> opt_store;    // master|m|v per chunk, two slots each
   std::unique_ptr<NvmeStore> param_store;  // 16-bit param shard per chunk (stage 3)
   std::unique_ptr<NvmeStore> grad_store;   // fp32 gradient shard per chunk (grad_tier nvme)
@@ -103,6 +110,7 @@ struct Engine::Impl {
     // SettleCommit makes it current once they are on disk (or returns their error, with
     // the previous state intact).
     bool commit_deferred = false;
+    int64_t commit_step = -1;   // nvme: the step_count of the Step() that committed it
     float* grad = nullptr;      // gradient shard, accumulated over micro-batches (device/host)
     SlotId grad_slot = 0;       // ... or its slot in grad_store (nvme)
     GradStats grad_stats;       // nvme: the final shard's stats, taken before it is written
@@ -183,8 +191,9 @@ struct Engine::Impl {
                        const float* grad, void* out);
   // The committed master values of a chunk's shard (opt_elems), read piece by piece.
   Status ReadMaster(int chunk, float* master);
-  // Waits for every write behind and returns the buffers; the first error.
-  Status WaitNvmeWrites();
+  // Waits for every write behind and returns the buffers; the first error that loses a
+  // committed result, or of a parameter write when report_param_writes.
+  Status WaitNvmeWrites(bool report_param_writes = true);
   // Returns the staging sets of completed writes, oldest first, to opt_staging (a failed
   // one stays queued for WaitNvmeWrites to report). Never blocks.
   void ReclaimNvmeWrites();

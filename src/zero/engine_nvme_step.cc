@@ -146,27 +146,35 @@ void Engine::Impl::ReclaimNvmeWrites() {
   reclaim(param_writes, out16_staging);
 }
 
-Status Engine::Impl::WaitNvmeWrites() {
+Status Engine::Impl::WaitNvmeWrites(bool report_param_writes) {
   Status first;
-  auto drain = [&](std::deque<NvmeWrite>& writes, Pool& pool) {
+  auto drain = [&](std::deque<NvmeWrite>& writes, Pool& pool, bool report) {
     while (!writes.empty()) {
       Status st = writes.front().Wait();
       if (!st.ok() && writes.front().chunk >= 0) {
         // The version it belonged to is lost: the chunk keeps the one it had (a pending
-        // speculation is dropped, a deferred commit cancelled).
+        // speculation is dropped, a deferred commit cancelled). A pending speculation is
+        // not an error to report: Step() steps the chunk again, or the step it belonged
+        // to has failed already. Anything else (a commit, a serial step's own write) is.
         OptChunk& o = opt[writes.front().chunk];
+        const bool speculation = o.has_pending && !o.commit_deferred;
         o.has_pending = false;
         o.commit_deferred = false;
+        if (speculation) {
+          STRATA_LOG(kWarn, "engine") << "speculative optimizer state of chunk " << writes.front().chunk
+                                      << " not written (" << st.ToString() << "); dropped";
+          st = OkStatus();
+        }
       }
-      if (first.ok() && !st.ok()) first = st;
+      if (first.ok() && !st.ok() && report) first = st;
       // What never reached the disk must not be served in its place either.
       if (!st.ok()) ForgetFreshBuffer(writes.front().buf);
       pool.Give(writes.front().buf);
       writes.pop_front();
     }
   };
-  drain(nvme_writes, opt_staging);
-  drain(param_writes, out16_staging);
+  drain(nvme_writes, opt_staging, true);
+  drain(param_writes, out16_staging, report_param_writes);
   return first;
 }
 
@@ -360,6 +368,7 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
     ++speculative_count;
   } else {
     o.commit_deferred = true;  // current once the writes are on disk (SettleCommit)
+    o.commit_step = step_count;
   }
   return OkStatus();
 }

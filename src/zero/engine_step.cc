@@ -42,7 +42,7 @@ Status Engine::Impl::PublishParams(int chunk, const void* src, bool from_host) {
     case ZeroTier::kNvme: {
       SetFresh(chunk, nullptr);  // a shard written behind earlier is stale now
       auto h = param_store->Write(param_shard[chunk].slot, src, bytes);
-      STRATA_RETURN_IF_ERROR(h.ok() ? h->Wait() : h.status());
+      STRATA_RETURN_IF_ERROR((h.ok() ? h->Wait() : h.status()).WithContext("writing parameters to NVMe"));
       bytes_nvme_written += bytes;
       return OkStatus();
     }
@@ -129,6 +129,7 @@ Status Engine::Impl::CommitChunk(int chunk) {
   if (!o.has_pending) return OkStatus();
   if (opt_tier == ZeroTier::kNvme) {
     o.commit_deferred = true;  // current once its writes are on disk (SettleCommit)
+    o.commit_step = step_count;
   } else {
     std::lock_guard lock(spare_mu);
     spare_states.push_back(o.state);
@@ -189,7 +190,8 @@ Status Engine::Flush() {
   }
   s.opt_worker.Drain();
   if (s.opt_tier != ZeroTier::kNvme) return OkStatus();
-  Status first = s.WaitNvmeWrites();
+  // After a failed step the compute copy is abandoned: only lost results count.
+  Status first = s.WaitNvmeWrites(/*report_param_writes=*/s.failed.ok());
   for (int c = 0; c < s.layout.num_chunks; ++c) {
     Status st = s.SettleCommit(c);
     if (first.ok() && !st.ok()) first = st;
@@ -249,6 +251,49 @@ Status Engine::Impl::AllGatherParams() {
 
 Result<StepResult> Engine::Step() {
   Impl& s = *impl_;
+  if (!s.failed.ok()) {
+    return FailedPreconditionError("engine: an earlier Step() failed (" + s.failed.ToString() +
+                                   "); GatherMaster still reads the parameters of the last step that succeeded; "
+                                   "create a new engine to train on");
+  }
+  auto r = s.StepOnce();
+  // A call at the wrong time (FailedPrecondition) is refused before the step changes
+  // anything; any other error leaves a step part-way.
+  if (!r.ok() && r.status().code() != StatusCode::kFailedPrecondition) s.AbandonStep(r.status());
+  return r;
+}
+
+void Engine::Impl::AbandonStep(const Status& why) {
+  failed = why;
+  opt_worker.Drain();
+  for (auto& o : opt) {
+    if (o.spec_done.valid()) (void)o.spec_done.get();
+    o.spec_done = {};
+  }
+  for (auto it = gathered.begin(); it != gathered.end();) {
+    (void)it->second.ready.get();  // the buffer is free only once its gather is done
+    if (it->second.users > 0) {
+      ++it;  // a module still runs on it
+      continue;
+    }
+    gather_pool.free.push_back(it->second.buf);
+    it = gathered.erase(it);
+  }
+  if (opt_tier == ZeroTier::kNvme) {
+    (void)DropNvmeReads();
+    // A write of the step before this one that failed now is a result lost as well.
+    Status lost = WaitNvmeWrites(/*report_param_writes=*/false);
+    if (!lost.ok()) STRATA_LOG(kError, "engine") << "after the failed step: " << lost.ToString();
+    for (auto& o : opt) {
+      if (o.commit_deferred && o.commit_step == step_count) o.commit_deferred = false;  // this step's
+      o.has_pending = false;
+    }
+  }
+  in_micro_batch = false;
+}
+
+Result<StepResult> Engine::Impl::StepOnce() {
+  Impl& s = *this;
   StepResult r;
   const int64_t t_start = NowNs();
   r.loss_scale = s.scaler->scale();
@@ -377,7 +422,7 @@ Status Engine::GatherMaster(int module, int tensor, std::vector<float>* out) {
       // The optimizer worker owns the staging pool and the writes during a micro-batch.
       STRATA_RETURN_IF_ERROR(s.WaitReduces());
       s.opt_worker.Drain();
-      STRATA_RETURN_IF_ERROR(s.WaitNvmeWrites());
+      STRATA_RETURN_IF_ERROR(s.WaitNvmeWrites(/*report_param_writes=*/s.failed.ok()));
       STRATA_RETURN_IF_ERROR(s.ReadMaster(t.chunk, full.data() + s.opt_offset));
     } else {
       STRATA_RETURN_IF_ERROR(s.OpsOn(s.opt_tier).ReadToHost(zero::OpsLane::kTraining, full.data() + s.opt_offset,
