@@ -186,8 +186,8 @@ class Engine : public model::MlpHooks {
   // Ends the accumulation window: waits for gradient reduction, computes the global
   // norm and overflow, runs (or commits) the optimizer on every owned shard and puts
   // the updated compute parameters where the next forward needs them.
-  // An error other than FailedPrecondition (a call at the wrong time, refused before
-  // anything changed), e.g. an NVMe write that failed, leaves the engine failed: what the step
+  // Called while module hooks hold chunks: FailedPrecondition, nothing changed. Any
+  // other error (e.g. an NVMe write that failed) leaves the engine failed: what the step
   // left in flight is waited for, and with the optimizer state on NVMe (the tier with
   // I/O to fail) what it had committed is cancelled, so GatherMaster reads the
   // parameters of the last Step() that succeeded; BeginMicroBatch and Step

@@ -64,7 +64,7 @@ struct Engine::Impl {
   Result<StepResult> StepOnce();
   // After a failed Step(): waits for what it left in flight and cancels what it had
   // committed, so the master stays the one of the last Step() that succeeded.
-  void AbandonStep(const Status& why);
+  void AbandonStep(const Status& why, int64_t stepping);
   std::unique_ptr<IoEngine> io;
   std::shared_ptr<IoFaultHook> io_fault_hook;  // EngineResources::io_fault_hook (tests)
   std::unique_ptr<NvmeStore> opt_store;    // master|m|v per chunk, two slots each
@@ -191,9 +191,9 @@ struct Engine::Impl {
                        const float* grad, void* out);
   // The committed master values of a chunk's shard (opt_elems), read piece by piece.
   Status ReadMaster(int chunk, float* master);
-  // Waits for every write behind and returns the buffers; the first error that loses a
-  // committed result, or of a parameter write when report_param_writes.
-  Status WaitNvmeWrites(bool report_param_writes = true);
+  // Waits for every write behind and returns the buffers; the first error, if `report`
+  // (false once a failed step's writes were waited for and logged: AbandonStep).
+  Status WaitNvmeWrites(bool report = true);
   // Returns the staging sets of completed writes, oldest first, to opt_staging (a failed
   // one stays queued for WaitNvmeWrites to report). Never blocks.
   void ReclaimNvmeWrites();

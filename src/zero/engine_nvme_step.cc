@@ -146,25 +146,17 @@ void Engine::Impl::ReclaimNvmeWrites() {
   reclaim(param_writes, out16_staging);
 }
 
-Status Engine::Impl::WaitNvmeWrites(bool report_param_writes) {
+Status Engine::Impl::WaitNvmeWrites(bool report) {
   Status first;
-  auto drain = [&](std::deque<NvmeWrite>& writes, Pool& pool, bool report) {
+  auto drain = [&](std::deque<NvmeWrite>& writes, Pool& pool) {
     while (!writes.empty()) {
       Status st = writes.front().Wait();
       if (!st.ok() && writes.front().chunk >= 0) {
         // The version it belonged to is lost: the chunk keeps the one it had (a pending
-        // speculation is dropped, a deferred commit cancelled). A pending speculation is
-        // not an error to report: Step() steps the chunk again, or the step it belonged
-        // to has failed already. Anything else (a commit, a serial step's own write) is.
+        // speculation is dropped, a deferred commit cancelled).
         OptChunk& o = opt[writes.front().chunk];
-        const bool speculation = o.has_pending && !o.commit_deferred;
         o.has_pending = false;
         o.commit_deferred = false;
-        if (speculation) {
-          STRATA_LOG(kWarn, "engine") << "speculative optimizer state of chunk " << writes.front().chunk
-                                      << " not written (" << st.ToString() << "); dropped";
-          st = OkStatus();
-        }
       }
       if (first.ok() && !st.ok() && report) first = st;
       // What never reached the disk must not be served in its place either.
@@ -173,8 +165,8 @@ Status Engine::Impl::WaitNvmeWrites(bool report_param_writes) {
       writes.pop_front();
     }
   };
-  drain(nvme_writes, opt_staging, true);
-  drain(param_writes, out16_staging, report_param_writes);
+  drain(nvme_writes, opt_staging);
+  drain(param_writes, out16_staging);
   return first;
 }
 

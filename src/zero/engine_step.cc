@@ -190,8 +190,8 @@ Status Engine::Flush() {
   }
   s.opt_worker.Drain();
   if (s.opt_tier != ZeroTier::kNvme) return OkStatus();
-  // After a failed step the compute copy is abandoned: only lost results count.
-  Status first = s.WaitNvmeWrites(/*report_param_writes=*/s.failed.ok());
+  // After a failed step its writes were waited for and logged (AbandonStep).
+  Status first = s.WaitNvmeWrites(/*report=*/s.failed.ok());
   for (int c = 0; c < s.layout.num_chunks; ++c) {
     Status st = s.SettleCommit(c);
     if (first.ok() && !st.ok()) first = st;
@@ -256,14 +256,20 @@ Result<StepResult> Engine::Step() {
                                    "); GatherMaster still reads the parameters of the last step that succeeded; "
                                    "create a new engine to train on");
   }
+  for (const auto& [chunk, g] : s.gathered) {
+    if (g.users > 0) {
+      return FailedPreconditionError("engine: Step() while module hooks hold chunk " + std::to_string(chunk) +
+                                     " (call it after AfterForward / AfterBackward of every module)");
+    }
+  }
+  // Commits record the step_count they were made at; StepOnce increments it part-way.
+  const int64_t stepping = s.step_count;
   auto r = s.StepOnce();
-  // A call at the wrong time (FailedPrecondition) is refused before the step changes
-  // anything; any other error leaves a step part-way.
-  if (!r.ok() && r.status().code() != StatusCode::kFailedPrecondition) s.AbandonStep(r.status());
+  if (!r.ok()) s.AbandonStep(r.status(), stepping);
   return r;
 }
 
-void Engine::Impl::AbandonStep(const Status& why) {
+void Engine::Impl::AbandonStep(const Status& why, int64_t stepping) {
   failed = why;
   opt_worker.Drain();
   for (auto& o : opt) {
@@ -282,10 +288,10 @@ void Engine::Impl::AbandonStep(const Status& why) {
   if (opt_tier == ZeroTier::kNvme) {
     (void)DropNvmeReads();
     // A write of the step before this one that failed now is a result lost as well.
-    Status lost = WaitNvmeWrites(/*report_param_writes=*/false);
+    Status lost = WaitNvmeWrites();
     if (!lost.ok()) STRATA_LOG(kError, "engine") << "after the failed step: " << lost.ToString();
     for (auto& o : opt) {
-      if (o.commit_deferred && o.commit_step == step_count) o.commit_deferred = false;  // this step's
+      if (o.commit_deferred && o.commit_step == stepping) o.commit_deferred = false;  // this step's
       o.has_pending = false;
     }
   }
@@ -422,7 +428,7 @@ Status Engine::GatherMaster(int module, int tensor, std::vector<float>* out) {
       // The optimizer worker owns the staging pool and the writes during a micro-batch.
       STRATA_RETURN_IF_ERROR(s.WaitReduces());
       s.opt_worker.Drain();
-      STRATA_RETURN_IF_ERROR(s.WaitNvmeWrites(/*report_param_writes=*/s.failed.ok()));
+      STRATA_RETURN_IF_ERROR(s.WaitNvmeWrites(/*report=*/s.failed.ok()));
       STRATA_RETURN_IF_ERROR(s.ReadMaster(t.chunk, full.data() + s.opt_offset));
     } else {
       STRATA_RETURN_IF_ERROR(s.OpsOn(s.opt_tier).ReadToHost(zero::OpsLane::kTraining, full.data() + s.opt_offset,
