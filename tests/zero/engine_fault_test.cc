@@ -50,18 +50,13 @@ struct FaultyRun {
 // then the master.
 FaultyRun TrainThenFailWrites(const Config& config, zero::TrainSpec spec, int64_t skip) {
   FaultyRun r;
-  DeviceOptions dopt;
-  dopt.kind = DeviceKind::kSim;
-  dopt.capacity = config.strata.device_budget;
-  auto dev = CreateDevice(dopt);
+  auto dev = EngineDevice(config);
   if (!dev.ok()) {
     r.trained = dev.status();
     return r;
   }
   auto modules = model::MlpModules(spec.model);
-  ParamInit init = [&](int m, int t, int64_t b, int64_t n, float* out) {
-    model::InitTensorSlice(spec.model, m, t, b, n, out);
-  };
+  ParamInit init = MlpInit(spec);
   auto faults = std::make_shared<FailWritesAfter>();
   EngineResources res{&World(), dev->get()};
   res.io_fault_hook = faults;

@@ -121,23 +121,35 @@ struct EngineRun {
   Status status;
 };
 
+// The engine's device for a run: `kind`, of device_capacity bytes when not 0 (else
+// strata.device_budget).
+inline Result<std::unique_ptr<Device>> EngineDevice(const Config& config, DeviceKind kind = DeviceKind::kSim,
+                                                    uint64_t device_capacity = 0) {
+  DeviceOptions dopt;
+  dopt.kind = kind;
+  dopt.capacity = device_capacity ? device_capacity : config.strata.device_budget;
+  return CreateDevice(dopt);
+}
+
+// The reference MLP's initial values (spec must outlive the returned function).
+inline ParamInit MlpInit(const zero::TrainSpec& spec) {
+  return [&spec](int m, int t, int64_t b, int64_t n, float* out) {
+    model::InitTensorSlice(spec.model, m, t, b, n, out);
+  };
+}
+
 // kind: the engine's device (cuda: engine_cuda_gpu_test, one rank, no device communicator).
 // device_capacity: the sim device's size when not 0 (else strata.device_budget).
 inline EngineRun RunEngine(Communicator& world, const Config& config, const zero::TrainSpec& spec,
                            DeviceKind kind = DeviceKind::kSim, uint64_t device_capacity = 0) {
   EngineRun run;
-  DeviceOptions dopt;
-  dopt.kind = kind;
-  dopt.capacity = device_capacity ? device_capacity : config.strata.device_budget;
-  auto dev = CreateDevice(dopt);
+  auto dev = EngineDevice(config, kind, device_capacity);
   if (!dev.ok()) {
     run.status = dev.status();
     return run;
   }
   auto modules = model::MlpModules(spec.model);
-  ParamInit init = [&](int m, int t, int64_t b, int64_t n, float* out) {
-    model::InitTensorSlice(spec.model, m, t, b, n, out);
-  };
+  ParamInit init = MlpInit(spec);
   auto engine = Engine::Create(config, modules, init, EngineResources{&world, dev->get()});
   if (!engine.ok()) {
     run.status = engine.status();
