@@ -186,13 +186,18 @@ int Engine::Impl::MeasuredPrefetch() {
   return depth;
 }
 
-Status Engine::Impl::DropGathered() {
+Status Engine::Impl::CheckHooksDone() const {
   for (const auto& [chunk, g] : gathered) {
     if (g.users > 0) {
       return FailedPreconditionError("engine: Step() while module hooks hold chunk " + std::to_string(chunk) +
                                      " (call it after AfterForward / AfterBackward of every module)");
     }
   }
+  return OkStatus();
+}
+
+Status Engine::Impl::DropGathered() {
+  STRATA_RETURN_IF_ERROR(CheckHooksDone());
   Status first;
   for (auto& [chunk, g] : gathered) {
     Status st = g.ready.get();  // the buffer is free only once its gather is done

@@ -14,10 +14,7 @@ namespace strata {
 
 Status Engine::BeginMicroBatch() {
   Impl& s = *impl_;
-  if (!s.failed.ok()) {
-    return FailedPreconditionError("engine: an earlier Step() failed (" + s.failed.ToString() +
-                                   "); create a new engine to train on");
-  }
+  STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
   if (s.in_micro_batch) ++s.micro_batch;
   s.in_micro_batch = true;
   if (s.micro_batch >= s.config.gradient_accumulation_steps) {

@@ -65,6 +65,10 @@ struct Engine::Impl {
   // After a failed Step(): waits for what it left in flight and cancels what it had
   // committed, so the master stays the one of the last Step() that succeeded.
   void AbandonStep(const Status& why, int64_t stepping);
+  // FailedPrecondition naming `failed` once a Step() failed (BeginMicroBatch, Step).
+  Status RefuseAfterFailure() const;
+  // FailedPrecondition while a module's hooks hold a gathered chunk (Step, DropGathered).
+  Status CheckHooksDone() const;
   std::unique_ptr<IoEngine> io;
   std::shared_ptr<IoFaultHook> io_fault_hook;  // EngineResources::io_fault_hook (tests)
   std::unique_ptr<NvmeStore> opt_store;    // master|m|v per chunk, two slots each

@@ -251,22 +251,20 @@ Status Engine::Impl::AllGatherParams() {
 
 Result<StepResult> Engine::Step() {
   Impl& s = *impl_;
-  if (!s.failed.ok()) {
-    return FailedPreconditionError("engine: an earlier Step() failed (" + s.failed.ToString() +
-                                   "); GatherMaster still reads the parameters of the last step that succeeded; "
-                                   "create a new engine to train on");
-  }
-  for (const auto& [chunk, g] : s.gathered) {
-    if (g.users > 0) {
-      return FailedPreconditionError("engine: Step() while module hooks hold chunk " + std::to_string(chunk) +
-                                     " (call it after AfterForward / AfterBackward of every module)");
-    }
-  }
+  STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
+  STRATA_RETURN_IF_ERROR(s.CheckHooksDone());
   // Commits record the step_count they were made at; StepOnce increments it part-way.
   const int64_t stepping = s.step_count;
   auto r = s.StepOnce();
   if (!r.ok()) s.AbandonStep(r.status(), stepping);
   return r;
+}
+
+Status Engine::Impl::RefuseAfterFailure() const {
+  if (failed.ok()) return OkStatus();
+  return FailedPreconditionError("engine: an earlier Step() failed (" + failed.ToString() +
+                                 "); GatherMaster still reads the parameters of the last step that succeeded; "
+                                 "create a new engine to train on");
 }
 
 void Engine::Impl::AbandonStep(const Status& why, int64_t stepping) {
