@@ -368,6 +368,9 @@ class TierManager {
 
   // Moves the block's copy out of `from` now (dropped, or written one tier down) and
   // waits. FailedPrecondition when pinned or `from` is its home; no-op when absent.
+  // OutOfBudget when the tier below cannot take it, the write-back's error when that
+  // failed (the copy then stays). OK when it left, even if an acquisition on another
+  // thread has brought a copy back by the time this returns.
   Status Evict(BlockId block, Tier from);
 
   // Waits until no move is queued or in flight; returns (and clears) the first failure

@@ -303,10 +303,12 @@ Status TierManager::Evict(BlockId block, Tier from) {
       Block* x = m.Find(block);
       return x == nullptr || x->copies[ti].state != Copy::State::kLeaving;
     });
+    // The copy may be back already (an acquisition raced with this call and loaded or
+    // took it back): that is not a failure of the eviction, which only the write-back's
+    // own outcome tells.
     b = m.Find(block);
-    if (b == nullptr || b->copies[ti].state == Copy::State::kAbsent) return OkStatus();
-    if (!b->evict_error.ok()) return b->evict_error;
-    return OutOfBudgetError("evict " + name + ": the tier below could not take it");
+    if (b == nullptr || b->evict_error.ok()) return OkStatus();
+    return b->evict_error.WithContext("evict " + name + " from " + std::string(TierName(from)));
   }
 }
 

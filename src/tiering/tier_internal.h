@@ -200,6 +200,9 @@ struct TierManager::Impl {
   std::string DescribePinnedLocked(Tier t) const;
   Status OutOfBudget(Tier t, uint64_t bytes, const tiering::Block& b) const;
   void UpdateHighWater(Tier t);
+  // Debug builds: aborts when a pending acquisition has nothing left that will make it
+  // ready (no want queued, no load or move in flight), which would hang its Wait().
+  void CheckNoStrandedTickets() const;
   // Waits (releasing `lock`) until the block has no move in flight or queued.
   void WaitBlockIdle(std::unique_lock<std::mutex>& lock, BlockId id);
 

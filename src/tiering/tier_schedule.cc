@@ -312,6 +312,7 @@ bool TierManager::Impl::AdvanceWriteback(Block& b, Tier from) {
       leaving[fi] -= b.alloc;
       tele.evictions--;
       tele.writebacks--;
+      b.evict_error = OutOfBudget(Tier::kHost, b.alloc, b);
       return true;
     }
     return false;
@@ -350,8 +351,12 @@ bool TierManager::Impl::AdvanceLoad(Block& b, Tier t) {
     DropWant(b, t);  // its completion notifies, or re-wants when it turns out stale
     return true;
   }
-  if (c.state == Copy::State::kLeaving) {  // rescue: stop treating it as gone
-    c.state = Copy::State::kValid;
+  if (c.state == Copy::State::kLeaving) {
+    // A copy written down while the block was written elsewhere is stale: taking it back
+    // would drop this want with nothing left to load the new bytes. Its write-back's
+    // completion frees it, and this want is retried then.
+    if (c.version != b.version) return false;
+    c.state = Copy::State::kValid;  // rescue: stop treating it as gone
     leaving[ti] -= b.alloc;
     c.last_use = ++clock;
     DropWant(b, t);
@@ -547,7 +552,31 @@ void TierManager::Impl::Pump() {
     }
     draining = false;
   }
+  CheckNoStrandedTickets();
   cv.notify_all();
+}
+
+void TierManager::Impl::CheckNoStrandedTickets() const {
+#ifndef NDEBUG
+  for (const auto& [id, b] : blocks) {
+    for (const auto& tk : b.tickets) {
+      if (tk->state != detail::AcquireTicket::State::kPending) continue;
+      size_t ti = static_cast<size_t>(TierIndex(tk->tier));
+      const Copy& c = b.copies[ti];
+      // A queued want is advanced by a later Pump; a load or any other move of the block
+      // ends in OnMoveDone, which notifies.
+      bool will_wake = b.want[ti] != 0 || c.state == Copy::State::kLoading || b.moves > 0;
+      if (will_wake) continue;
+      std::string who = tk->label.empty() ? "" : "'" + tk->label + "' ";
+      STRATA_CHECK_MSG(will_wake, "pending acquisition " + who + "of " + tiering::BlockName(options, id) + " on " +
+                                      std::string(TierName(tk->tier)) +
+                                      " has no want, load or move left to make it ready (copy state " +
+                                      std::to_string(static_cast<int>(c.state)) + ", copy version " +
+                                      std::to_string(c.version) + ", block version " + std::to_string(b.version) +
+                                      ")");
+    }
+  }
+#endif
 }
 
 void TierManager::Impl::TracePrefetch() {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -20,7 +21,8 @@ namespace strata::testing {
 
 // Slots are byte vectors; a failed write leaves the slot garbage (as NvmeStore makes it
 // unreadable). Faults: the next `fail_writes` writes / `fail_reads` reads fail with
-// IoError. Outlives the manager when the test keeps a reference (crash tests).
+// IoError. A gate holds writes in flight until it opens (race tests). Outlives the
+// manager when the test keeps a reference (crash tests).
 class MemorySlotBackend : public SlotBackend {
  public:
   MemorySlotBackend(uint64_t slot_size, uint64_t slots) : slot_size_(slot_size), data_(slots) {
@@ -44,7 +46,11 @@ class MemorySlotBackend : public SlotBackend {
     return OkStatus();
   }
   Status WriteSlots(std::span<const uint32_t> slots, const void* buffer, uint64_t length) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    writes_held_++;
+    gate_cv_.notify_all();
+    gate_cv_.wait(lock, [&] { return !gate_closed_; });
+    writes_held_--;
     writes_++;
     bool fail = fail_writes_ > 0;
     if (fail) fail_writes_--;
@@ -86,6 +92,20 @@ class MemorySlotBackend : public SlotBackend {
     std::lock_guard<std::mutex> lock(mu_);
     fail_reads_ = n;
   }
+  // While closed, writes wait in flight; WaitForHeldWrites(n) returns once n do.
+  void CloseWriteGate() {
+    std::lock_guard<std::mutex> lock(mu_);
+    gate_closed_ = true;
+  }
+  void OpenWriteGate() {
+    std::lock_guard<std::mutex> lock(mu_);
+    gate_closed_ = false;
+    gate_cv_.notify_all();
+  }
+  void WaitForHeldWrites(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    gate_cv_.wait(lock, [&] { return writes_held_ >= n; });
+  }
   uint64_t writes() const {
     std::lock_guard<std::mutex> lock(mu_);
     return writes_;
@@ -105,6 +125,9 @@ class MemorySlotBackend : public SlotBackend {
   mutable std::mutex mu_;
   std::vector<std::vector<std::byte>> data_;
   std::vector<uint32_t> free_;
+  std::condition_variable gate_cv_;
+  bool gate_closed_ = false;
+  int writes_held_ = 0;
   int fail_writes_ = 0;
   int fail_reads_ = 0;
   uint64_t writes_ = 0;
