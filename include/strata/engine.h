@@ -175,6 +175,11 @@ class Engine : public model::MlpHooks {
   // valid until the matching After hook. Backward also hands out the gradient buffers
   // (fp32, overwritten by the model). After backward, the module's gradients are
   // reduced (asynchronously) into the gradient shards.
+  // An argument error (module out of range) changes nothing. Any other error (a gather
+  // that failed to read, a reduction that failed) leaves the engine failed as a failed
+  // Step() does (below): every later hook, BeginMicroBatch and Step return
+  // FailedPrecondition naming the hook and the error, so no step applies an
+  // incomplete window's gradients.
   Result<model::ModuleParams> BeforeForward(int module) override;
   Status AfterForward(int module) override;
   Result<model::ModuleBackward> BeforeBackward(int module) override;

@@ -40,9 +40,10 @@ Status Engine::Impl::EnterModule(int module, int pos) {
 
 Result<model::ModuleParams> Engine::BeforeForward(int module) {
   Impl& s = *impl_;
+  STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
   STRATA_RETURN_IF_ERROR(s.CheckModule(module));
   if (!s.in_micro_batch) STRATA_RETURN_IF_ERROR(BeginMicroBatch());
-  STRATA_RETURN_IF_ERROR(s.EnterModule(module, s.ForwardPos(module)));
+  STRATA_RETURN_IF_ERROR(s.FailHook(s.EnterModule(module, s.ForwardPos(module)), "BeforeForward", module));
   if (module == 0 && s.LastMicroBatch()) s.ReadStatesAhead();
   model::ModuleParams p;
   p.dtype = s.compute;
@@ -55,12 +56,13 @@ Result<model::ModuleParams> Engine::BeforeForward(int module) {
 
 Status Engine::AfterForward(int module) {
   Impl& s = *impl_;
+  STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
   STRATA_RETURN_IF_ERROR(s.CheckModule(module));
   s.Span(s.track_compute, "forward " + s.modules[module].name, s.module_start);
   s.TimeModule();
   if (s.stage == 3) {
     // A released gather buffer may be refilled at once: the module's kernels must be done.
-    STRATA_RETURN_IF_ERROR(s.ops->WaitForModel());
+    STRATA_RETURN_IF_ERROR(s.FailHook(s.ops->WaitForModel(), "AfterForward", module));
     s.ReleaseGathered(module, s.ForwardPos(module));
   }
   return OkStatus();
@@ -68,8 +70,9 @@ Status Engine::AfterForward(int module) {
 
 Result<model::ModuleBackward> Engine::BeforeBackward(int module) {
   Impl& s = *impl_;
+  STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
   STRATA_RETURN_IF_ERROR(s.CheckModule(module));
-  STRATA_RETURN_IF_ERROR(s.EnterModule(module, s.BackwardPos(module)));
+  STRATA_RETURN_IF_ERROR(s.FailHook(s.EnterModule(module, s.BackwardPos(module)), "BeforeBackward", module));
   model::ModuleBackward b;
   b.params.dtype = s.compute;
   b.grads.accumulate = false;
@@ -81,7 +84,7 @@ Result<model::ModuleBackward> Engine::BeforeBackward(int module) {
       Status z = s.ops->Zero(zero::OpsLane::kTraining, g + lo, (hi - lo) * 4);
       if (!z.ok()) {
         s.grad_pool.Give(g);
-        return z;
+        return s.FailHook(z, "BeforeBackward", module);
       }
     }
     s.grad_bufs[c] = g;
@@ -97,12 +100,13 @@ Result<model::ModuleBackward> Engine::BeforeBackward(int module) {
 
 Status Engine::AfterBackward(int module) {
   Impl& s = *impl_;
+  STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
   STRATA_RETURN_IF_ERROR(s.CheckModule(module));
   s.Span(s.track_compute, "backward " + s.modules[module].name, s.module_start);
   s.TimeModule();
   // The reductions below read the module's gradients; a released gather buffer may be
   // refilled at once.
-  STRATA_RETURN_IF_ERROR(s.ops->WaitForModel());
+  STRATA_RETURN_IF_ERROR(s.FailHook(s.ops->WaitForModel(), "AfterBackward", module));
   if (s.stage == 3) s.ReleaseGathered(module, s.BackwardPos(module));
   for (int c : s.layout.module_chunks[module]) {
     if (--s.chunk_pending_modules[c] > 0) continue;
@@ -119,7 +123,7 @@ Status Engine::AfterBackward(int module) {
          s.reduces.front().wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
     Status st = s.reduces.front().get();
     s.reduces.pop_front();
-    STRATA_RETURN_IF_ERROR(st);
+    STRATA_RETURN_IF_ERROR(s.FailHook(st, "AfterBackward", module));
   }
   return OkStatus();
 }

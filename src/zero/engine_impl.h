@@ -59,13 +59,20 @@ struct Engine::Impl {
   zero::DeviceOps& OpsOn(ZeroTier tier) { return tier == ZeroTier::kDevice ? *ops : zero::HostMemoryOps(); }
   HostArena* arena = nullptr;
   std::unique_ptr<HostArena> own_arena;
-  // The error of a Step() that failed (Engine::Step); the engine then trains no more.
+  // The error of a Step() or hook that failed, and which call it was ("Step()",
+  // "AfterBackward(3)"); the engine then trains no more.
   Status failed;
+  std::string failed_call;
   Result<StepResult> StepOnce();
-  // After a failed Step(): waits for what it left in flight and cancels what it had
-  // committed, so the master stays the one of the last Step() that succeeded.
+  // After a failed Step() or hook: waits for what it left in flight and cancels what the
+  // step had committed, so the master stays the one of the last Step() that succeeded.
   void AbandonStep(const Status& why, int64_t stepping);
-  // FailedPrecondition naming `failed` once a Step() failed (BeginMicroBatch, Step).
+  // A hook's error that may have left the accumulation window incomplete (a gather, a
+  // reduction, a kernel): abandons the step as a failed Step() does, so no later Step()
+  // applies partial gradients. Returns `st`.
+  Status FailHook(Status st, std::string_view hook, int module);
+  // FailedPrecondition naming `failed` once a Step() or hook failed (every hook,
+  // BeginMicroBatch, Step).
   Status RefuseAfterFailure() const;
   // FailedPrecondition while a module's hooks hold a gathered chunk (Step, DropGathered).
   Status CheckHooksDone() const;

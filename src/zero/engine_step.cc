@@ -256,19 +256,33 @@ Result<StepResult> Engine::Step() {
   // Commits record the step_count they were made at; StepOnce increments it part-way.
   const int64_t stepping = s.step_count;
   auto r = s.StepOnce();
-  if (!r.ok()) s.AbandonStep(r.status(), stepping);
+  if (!r.ok()) {
+    s.failed_call = "Step()";
+    s.AbandonStep(r.status(), stepping);
+  }
   return r;
 }
 
 Status Engine::Impl::RefuseAfterFailure() const {
   if (failed.ok()) return OkStatus();
-  return FailedPreconditionError("engine: an earlier Step() failed (" + failed.ToString() +
+  return FailedPreconditionError("engine: an earlier " + failed_call + " failed (" + failed.ToString() +
                                  "); GatherMaster still reads the parameters of the last step that succeeded; "
                                  "create a new engine to train on");
 }
 
+Status Engine::Impl::FailHook(Status st, std::string_view hook, int module) {
+  if (st.ok() || !failed.ok()) return st;
+  failed_call = std::string(hook) + "(" + std::to_string(module) + ")";
+  // The step count has not moved: whatever this window speculated was committed at it.
+  AbandonStep(st, step_count);
+  return st;
+}
+
 void Engine::Impl::AbandonStep(const Status& why, int64_t stepping) {
   failed = why;
+  // Reductions still queued would go on writing gradient shards and speculating. Their
+  // errors are this failure's consequences: the first one was reported.
+  (void)WaitReduces();
   opt_worker.Drain();
   for (auto& o : opt) {
     if (o.spec_done.valid()) (void)o.spec_done.get();

@@ -1,7 +1,7 @@
 // The engine under NVMe faults injected into its own I/O engine (a real swap file, the
 // real completion and error paths): a write that fails is reported, naming what was
-// being written; when Step() fails, the engine refuses to train on and GatherMaster
-// reads exactly the master of the last step that succeeded. A write that fails after
+// being written; when Step() or a hook fails, the engine refuses to train on and
+// GatherMaster reads exactly the master of the last step that succeeded. A write that fails after
 // Step() returned (writes behind cross into the next forward) is reported by the next
 // call; it loses that chunk's step only (commits are per chunk, not per step: known).
 
@@ -20,19 +20,22 @@
 namespace strata::testing {
 namespace {
 
-// Lets `skip` NVMe writes through once armed, then fails every later one with EIO.
-class FailWritesAfter : public IoFaultHook {
+// Lets `skip` NVMe reads or writes (`op`) through once armed, then fails every later one
+// with EIO.
+class FailIoAfter : public IoFaultHook {
  public:
+  explicit FailIoAfter(IoOp op) : op_(op) {}
   void Arm(int64_t skip) {
     skip_ = skip;
     armed_ = true;
   }
   int64_t OnResult(const IoFaultPoint& point, int64_t result) override {
-    if (!armed_ || point.op != IoOp::kWrite) return result;
+    if (!armed_ || point.op != op_) return result;
     return skip_.fetch_sub(1) > 0 ? result : -EIO;
   }
 
  private:
+  const IoOp op_;
   std::atomic<bool> armed_{false};
   std::atomic<int64_t> skip_{0};
 };
@@ -40,15 +43,16 @@ class FailWritesAfter : public IoFaultHook {
 struct FaultyRun {
   Status trained;            // the steps before the faults
   Status failed;             // the step under them (its Step(), else the trainer's Flush())
-  bool step_failed = false;  // Step() itself failed (else a write after it returned)
+  bool step_failed = false;  // Step() or a hook failed and the engine refuses to train on
+  bool hook_failed = false;  // ... and it was a hook
   Status after;              // BeginMicroBatch once Step() failed
   Status gathered;           // GatherMaster afterwards
   std::vector<std::vector<std::vector<float>>> params;
 };
 
-// `steps` clean steps, then one whose NVMe writes fail with EIO after the first `skip`;
-// then the master.
-FaultyRun TrainThenFailWrites(const Config& config, zero::TrainSpec spec, int64_t skip) {
+// `steps` clean steps, then one whose NVMe reads or writes (`op`) fail with EIO after the
+// first `skip`; then the master.
+FaultyRun TrainThenFail(const Config& config, zero::TrainSpec spec, IoOp op, int64_t skip) {
   FaultyRun r;
   auto dev = EngineDevice(config);
   if (!dev.ok()) {
@@ -57,7 +61,7 @@ FaultyRun TrainThenFailWrites(const Config& config, zero::TrainSpec spec, int64_
   }
   auto modules = model::MlpModules(spec.model);
   ParamInit init = MlpInit(spec);
-  auto faults = std::make_shared<FailWritesAfter>();
+  auto faults = std::make_shared<FailIoAfter>(op);
   EngineResources res{&World(), dev->get()};
   res.io_fault_hook = faults;
   auto engine = Engine::Create(config, modules, init, res);
@@ -77,7 +81,8 @@ FaultyRun TrainThenFailWrites(const Config& config, zero::TrainSpec spec, int64_
     // The trainer flushes after its last step: a failure there came from a write the
     // step had left behind. Otherwise the engine trains no more, and says why.
     Status again = (*engine)->BeginMicroBatch();
-    r.step_failed = again.ToString().find("earlier Step() failed") != std::string::npos;
+    r.step_failed = again.ToString().find("engine: an earlier ") != std::string::npos;
+    r.hook_failed = r.step_failed && again.ToString().find("an earlier Step() failed") == std::string::npos;
     r.after = again;
     if (r.step_failed) {
       auto step = (*engine)->Step();
@@ -109,7 +114,8 @@ FaultyRun TrainThenFailWrites(const Config& config, zero::TrainSpec spec, int64_
 
 TEST(EngineFault, FailedNvmeWritesFailTheStepAndLoseNothing) {
   zero::TrainSpec spec = SmallSpec(3);
-  int kept_checked = 0;  // failed steps whose committed master was compared
+  int kept_checked = 0;   // failed steps whose committed master was compared
+  int hook_failures = 0;  // ... of which a hook (not Step()) reported
   for (const Combo& c : {Combo{3, "nvme", "nvme"}, Combo{3, "nvme", "cpu"}, Combo{3, "cpu", "nvme"},
                          Combo{3, "nvme", "nvme", "nvme"}}) {
     for (const char* extra : {"{}", R"({"strata": {"overlap": false}})"}) {
@@ -120,7 +126,7 @@ TEST(EngineFault, FailedNvmeWritesFailTheStepAndLoseNothing) {
         const std::string what =
             ComboName(c) + " " + extra + ", writes failing after " + std::to_string(skip);
         // A hang here would be a lost completion: fail fast instead of waiting for ctest.
-        auto run = std::async(std::launch::async, [&] { return TrainThenFailWrites(config, spec, skip); });
+        auto run = std::async(std::launch::async, [&] { return TrainThenFail(config, spec, IoOp::kWrite, skip); });
         if (run.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
           std::fprintf(stderr, "%s: no progress in 120 s after the write faults (hang)\n", what.c_str());
           std::_Exit(1);
@@ -133,13 +139,14 @@ TEST(EngineFault, FailedNvmeWritesFailTheStepAndLoseNothing) {
             << what << ": the error should name what was being written: " << r.failed.ToString();
         ASSERT_TRUE(r.gathered.ok()) << what
                                      << ": reading the master after the failure: " << r.gathered.ToString();
-        // Without overlap every chunk's writes are waited for inside Step() (gradients on
-        // NVMe are written, and can fail, in the backward's hooks).
-        const bool must_fail_in_step = std::string(extra) != "{}" && std::string(c.grads) != "nvme";
+        // Without overlap every chunk's writes are waited for inside Step(), or (gradients
+        // on NVMe) in the backward's hooks: either failure ends training.
+        const bool must_fail_in_step = std::string(extra) != "{}";
         if (must_fail_in_step) {
-          EXPECT_TRUE(r.step_failed) << what << ": expected Step() to fail and refuse after; then "
+          EXPECT_TRUE(r.step_failed) << what << ": expected Step() or a hook to fail and refuse after; then "
                                      << r.after.ToString();
         }
+        hook_failures += r.hook_failed;
         if (!r.step_failed) continue;  // a write after Step() returned: per chunk (see the top)
         // With the optimizer in host memory a serial step updates the master in place
         // before its parameters are written: only the NVMe tier has versions to keep.
@@ -149,8 +156,37 @@ TEST(EngineFault, FailedNvmeWritesFailTheStepAndLoseNothing) {
       }
     }
   }
-  EXPECT_EQ(kept_checked, 6) << "the serial runs with the optimizer on NVMe (2 tiers x 3 fault points) "
+  EXPECT_EQ(kept_checked, 9) << "the serial runs with the optimizer on NVMe (3 combinations x 3 fault points) "
                                 "must all reach the committed-master check";
+  std::printf("failures reported by a hook: %d\n", hook_failures);
+}
+
+// Parameter shards read from NVMe fail in the forward's gathers: always a hook's error
+// (BeforeForward), not Step()'s. Before, the engine went on taking calls, and a Step()
+// after a failed hook could apply an incomplete window's gradients.
+TEST(EngineFault, FailedHookEndsTrainingAndLosesNothing) {
+  zero::TrainSpec spec = SmallSpec(3);
+  for (const char* extra : {"{}", R"({"strata": {"overlap": false}})"}) {
+    const Config config = MakeConfig(Combo{3, "cpu", "nvme"}, extra);
+    EngineRun clean = RunEngine(World(), config, spec);
+    ASSERT_TRUE(clean.status.ok()) << clean.status.ToString();
+    for (int64_t skip : {0, 2}) {
+      const std::string what = std::string(extra) + ", reads failing after " + std::to_string(skip);
+      auto run = std::async(std::launch::async, [&] { return TrainThenFail(config, spec, IoOp::kRead, skip); });
+      if (run.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
+        std::fprintf(stderr, "%s: no progress in 120 s after the read faults (hang)\n", what.c_str());
+        std::_Exit(1);
+      }
+      FaultyRun r = run.get();
+      ASSERT_TRUE(r.trained.ok()) << what << ": " << r.trained.ToString();
+      EXPECT_EQ(r.failed.code(), StatusCode::kIoError) << what << ": " << r.failed.ToString();
+      EXPECT_TRUE(r.hook_failed) << what << ": expected a hook to fail and the engine to refuse after; then "
+                                 << r.after.ToString();
+      EXPECT_NE(r.after.ToString().find("an earlier BeforeForward("), std::string::npos) << r.after.ToString();
+      ASSERT_TRUE(r.gathered.ok()) << what << ": " << r.gathered.ToString();
+      EXPECT_TRUE(r.params == clean.params) << what << ": the failed forward changed the parameters";
+    }
+  }
 }
 
 }  // namespace
