@@ -370,7 +370,8 @@ class TierManager {
   // waits. FailedPrecondition when pinned or `from` is its home; no-op when absent.
   // OutOfBudget when the tier below cannot take it, the write-back's error when that
   // failed (the copy then stays). OK when it left, even if an acquisition on another
-  // thread has brought a copy back by the time this returns.
+  // thread has brought a copy back by the time this returns, and when such an
+  // acquisition took the leaving copy back before it left.
   Status Evict(BlockId block, Tier from);
 
   // Waits until no move is queued or in flight; returns (and clears) the first failure

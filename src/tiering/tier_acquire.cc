@@ -296,7 +296,7 @@ Status TierManager::Evict(BlockId block, Tier from) {
     if (from == Tier::kDevice &&
         (m.options.budgets.host < b->alloc || m.Unevictable(Tier::kHost) + b->alloc > m.options.budgets.host))
       return m.OutOfBudget(Tier::kHost, b->alloc, *b).WithContext("evicting " + name + " from device");
-    b->evict_error = OkStatus();
+    b->evict_error[ti] = OkStatus();
     m.StartWriteback(*b, from);
     m.Pump();
     m.cv.wait(lock, [&] {
@@ -307,8 +307,8 @@ Status TierManager::Evict(BlockId block, Tier from) {
     // took it back): that is not a failure of the eviction, which only the write-back's
     // own outcome tells.
     b = m.Find(block);
-    if (b == nullptr || b->evict_error.ok()) return OkStatus();
-    return b->evict_error.WithContext("evict " + name + " from " + std::string(TierName(from)));
+    if (b == nullptr || b->evict_error[ti].ok()) return OkStatus();
+    return b->evict_error[ti].WithContext("evict " + name + " from " + std::string(TierName(from)));
   }
 }
 

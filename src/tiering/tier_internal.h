@@ -86,7 +86,9 @@ struct Block {
   int moves = 0;                      // moves in flight touching this block
   bool speculating = false;
   Status pending_error;               // failure of a prefetch, reported by the next Acquire
-  Status evict_error;                 // failure of the last write-back (for Evict/flush)
+  // Outcome of the last write-back from each tier (kDevice, kHost: for Evict/flush): its
+  // error, or why the tier below could not take it.
+  std::array<Status, 2> evict_error;
   std::vector<std::shared_ptr<detail::AcquireTicket>> tickets;  // pending and ready
 };
 

@@ -157,7 +157,7 @@ void TierManager::Impl::OnMoveDone(const Move& m, const Status& status) {
       FreeCopy(b, m.dst);
     } else {
       if (b.nvme.tentative == m.slot) b.nvme.tentative = -1;
-      b.evict_error = err;
+      b.evict_error[static_cast<size_t>(tiering::TierIndex(m.src))] = err;
     }
     if (m.writeback) {
       size_t si = static_cast<size_t>(tiering::TierIndex(m.src));
@@ -166,7 +166,10 @@ void TierManager::Impl::OnMoveDone(const Move& m, const Status& status) {
         s.state = Copy::State::kValid;
         leaving[si] -= b.alloc;
       }
-      b.evict_error = err;
+      b.evict_error[si] = err;
+      // An acquisition on the destination that came while this copy was loading dropped
+      // its want and waits for this completion: it hears the error, as after a load.
+      if (dst_mem && b.pins[static_cast<size_t>(tiering::TierIndex(m.dst))] > 0) FailTickets(b, m.dst, err);
       // Whoever waited for this room hears why it did not come.
       Status why = err.WithContext("while evicting to make room on " + std::string(TierName(m.src)));
       for (auto& [id, o] : blocks) {

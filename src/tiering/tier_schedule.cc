@@ -270,6 +270,14 @@ bool TierManager::Impl::AdvanceWriteback(Block& b, Tier from) {
   size_t fi = static_cast<size_t>(TierIndex(from));
   Copy& c = b.copies[fi];
   if (c.state != Copy::State::kLeaving) return true;
+  if (c.version != b.version && c.readers == 0) {
+    // Written elsewhere since it was chosen: its bytes are no version worth keeping (and
+    // the write would record them as the current one). The writer's copy goes down in
+    // its own time.
+    FreeCopy(b, from);
+    tele.writebacks--;
+    return true;
+  }
   if (HasOtherValid(b, from)) {  // a copy appeared elsewhere meanwhile: no write needed
     FreeCopy(b, from);
     tele.writebacks--;
@@ -288,7 +296,7 @@ bool TierManager::Impl::AdvanceWriteback(Block& b, Tier from) {
     m.block = b.id;
     m.src = Tier::kHost;
     m.dst = Tier::kNvme;
-    m.version = b.version;
+    m.version = c.version;
     m.writeback = true;
     m.slot = target;
     m.src_ptr = c.ptr;
@@ -312,7 +320,7 @@ bool TierManager::Impl::AdvanceWriteback(Block& b, Tier from) {
       leaving[fi] -= b.alloc;
       tele.evictions--;
       tele.writebacks--;
-      b.evict_error = OutOfBudget(Tier::kHost, b.alloc, b);
+      b.evict_error[fi] = OutOfBudget(Tier::kHost, b.alloc, b);
       return true;
     }
     return false;

@@ -59,10 +59,10 @@ Status TierManager::BeginVersion(std::span<const BlockId> blocks) {
     mv.bytes = b->alloc;
     c.readers++;
     n.writing[static_cast<size_t>(target)] = true;
-    b->evict_error = OkStatus();
+    b->evict_error[1] = OkStatus();  // the host copy's write
     m.Launch(std::move(mv));
     m.cv.wait(lock, [&] { return !n.writing[static_cast<size_t>(target)]; });
-    Status written = b->evict_error;
+    Status written = b->evict_error[1];
     bool durable = n.committed_version == b->version;
     if (durable) b->speculating = true;
     lock.unlock();

@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "tier_test_util.h"
@@ -16,6 +19,71 @@ namespace {
 using testing::MakeTierEnv;
 using testing::Pattern;
 using testing::TierEnvOptions;
+
+// Runs `open` when it goes out of scope (before the futures it was declared after).
+class OpenOnExit {
+ public:
+  explicit OpenOnExit(std::function<void()> open) : open_(std::move(open)) {}
+  ~OpenOnExit() { open_(); }
+
+ private:
+  std::function<void()> open_;
+};
+
+// The sim device, except that device-to-host copies wait at a gate and, once it opens,
+// fail with IoError (a failed eviction copy).
+class FailingD2HDevice : public Device {
+ public:
+  explicit FailingD2HDevice(std::unique_ptr<Device> inner) : inner_(std::move(inner)) {}
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  void WaitForHeldCopies(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return held_ >= n; });
+  }
+
+  DeviceKind kind() const override { return inner_->kind(); }
+  std::string name() const override { return inner_->name(); }
+  std::string pci_bus_id() const override { return inner_->pci_bus_id(); }
+  bool host_accessible() const override { return inner_->host_accessible(); }
+  uint64_t capacity() const override { return inner_->capacity(); }
+  uint64_t allocated() const override { return inner_->allocated(); }
+  uint64_t high_water() const override { return inner_->high_water(); }
+  void ResetHighWater() override { inner_->ResetHighWater(); }
+  Result<void*> Allocate(uint64_t bytes) override { return inner_->Allocate(bytes); }
+  void Free(void* ptr) override { inner_->Free(ptr); }
+  Result<StreamId> CreateStream(std::string name) override { return inner_->CreateStream(std::move(name)); }
+  std::string_view StreamName(StreamId stream) const override { return inner_->StreamName(stream); }
+  Status CopyAsync(StreamId stream, void* dst, const void* src, uint64_t bytes, CopyDir dir) override {
+    if (dir != CopyDir::kDeviceToHost) return inner_->CopyAsync(stream, dst, src, bytes, dir);
+    std::unique_lock<std::mutex> lock(mu_);
+    held_++;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_; });
+    return IoError("injected device-to-host copy failure");
+  }
+  Status CopySync(void* dst, const void* src, uint64_t bytes, CopyDir dir) override {
+    return inner_->CopySync(dst, src, bytes, dir);
+  }
+  Status Enqueue(StreamId stream, std::function<Status()> fn) override {
+    return inner_->Enqueue(stream, std::move(fn));
+  }
+  Result<std::shared_ptr<Event>> Record(StreamId stream) override { return inner_->Record(stream); }
+  Status Wait(StreamId stream, const Event& event) override { return inner_->Wait(stream, event); }
+  Status Synchronize(StreamId stream) override { return inner_->Synchronize(stream); }
+  Status SynchronizeAll() override { return inner_->SynchronizeAll(); }
+  void* NativeStream(StreamId stream) const override { return inner_->NativeStream(stream); }
+
+ private:
+  std::unique_ptr<Device> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  int held_ = 0;
+};
 
 // Polls instead of Wait(): a stranded ticket must fail the test, not hang it.
 bool ReadyWithin(const BlockHandle& h, std::chrono::seconds limit) {
@@ -52,6 +120,7 @@ TEST(TierRaceTest, StaleCopyLeavingForNvmeIsNotTakenBack) {
   // Its write-back to NVMe is held in flight; Evict waits for it on another thread.
   env.nvme->CloseWriteGate();
   auto evicted = std::async(std::launch::async, [&] { return tm.Evict(id, Tier::kHost); });
+  OpenOnExit open_gate([&] { env.nvme->OpenWriteGate(); });  // a failed ASSERT must not hang
   env.nvme->WaitForHeldWrites(1);
 
   // Version 3 on the device: the leaving host copy is stale now.
@@ -75,6 +144,57 @@ TEST(TierRaceTest, StaleCopyLeavingForNvmeIsNotTakenBack) {
   ASSERT_TRUE(reader->Wait().ok());
   EXPECT_EQ(std::memcmp(reader->data(), v3.data(), bytes), 0)
       << "the host copy is not the device's newer bytes";
+}
+
+// A host acquisition that arrives while the block's device copy is being evicted to the
+// host waits for that copy. When the copy fails, the acquisition must hear the error; it
+// used to be left pending with nothing to wake it.
+TEST(TierRaceTest, FailedEvictionCopyFailsTheAcquisitionWaitingForIt) {
+  TierEnvOptions o;
+  o.budgets = {16 << 10, 32 << 10, 0};
+  FailingD2HDevice* gate = nullptr;
+  o.wrap_device = [&](std::unique_ptr<Device> sim) {
+    auto d = std::make_unique<FailingD2HDevice>(std::move(sim));
+    gate = d.get();
+    return std::unique_ptr<Device>(std::move(d));
+  };
+  auto env = MakeTierEnv(o);
+  ASSERT_NE(gate, nullptr);
+  TierManager& tm = *env.tm;
+  const BlockId id{0, 0, kWholeChunk};
+  const uint64_t bytes = tm.BlockBytes(id);
+  ASSERT_TRUE(tm.Register(id, Tier::kNvme, Pattern(bytes, 1)).ok());
+
+  // Version 2 on the device only.
+  std::vector<std::byte> v2 = Pattern(bytes, 2);
+  {
+    auto h = tm.Acquire(id, Tier::kDevice, Access::kOverwrite);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    ASSERT_TRUE(h->Wait().ok());
+    ASSERT_TRUE(env.device->CopySync(h->data(), v2.data(), bytes, CopyDir::kHostToDevice).ok());
+  }
+
+  auto evicted = std::async(std::launch::async, [&] { return tm.Evict(id, Tier::kDevice); });
+  OpenOnExit open_gate([&] { gate->Open(); });
+  gate->WaitForHeldCopies(1);
+  auto reader = tm.Acquire(id, Tier::kHost, Access::kRead);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  gate->Open();
+
+  ASSERT_TRUE(ReadyWithin(*reader, std::chrono::seconds(10)))
+      << "the host acquisition was left pending after the copy it waited for failed";
+  Status s = reader->Wait();
+  EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+  ASSERT_EQ(evicted.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  Status e = evicted.get();
+  EXPECT_EQ(e.code(), StatusCode::kIoError) << e.ToString();
+  // The device copy stays the valid one and reads back.
+  auto again = tm.Acquire(id, Tier::kDevice, Access::kRead);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_TRUE(again->Wait().ok());
+  std::vector<std::byte> back(bytes);
+  ASSERT_TRUE(env.device->CopySync(back.data(), again->data(), bytes, CopyDir::kDeviceToHost).ok());
+  EXPECT_EQ(back, v2);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -151,6 +152,8 @@ struct TierEnvOptions {
   TierPolicy policy = TierPolicy::kLru;
   bool synchronous = false;
   int max_prefetch_moves = 8;
+  // When set, the manager uses the device this returns around the sim device.
+  std::function<std::unique_ptr<Device>(std::unique_ptr<Device>)> wrap_device;
 };
 
 inline TierEnv MakeTierEnv(const TierEnvOptions& o) {
@@ -161,6 +164,7 @@ inline TierEnv MakeTierEnv(const TierEnvOptions& o) {
   auto device = CreateDevice(d);
   EXPECT_TRUE(device.ok()) << device.status().ToString();
   env.device = std::move(device).value();
+  if (o.wrap_device) env.device = o.wrap_device(std::move(env.device));
   HostArenaOptions ha;
   ha.bytes = 2 << 20;
   ha.huge_pages = false;
