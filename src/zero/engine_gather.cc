@@ -187,6 +187,13 @@ int Engine::Impl::MeasuredPrefetch() {
 }
 
 Status Engine::Impl::CheckHooksDone() const {
+  if (!grad_bufs.empty()) {
+    // A backward left open (a model kernel failed between its hooks): its chunk's
+    // gradients were never reduced, and a step now would apply the window without them.
+    return FailedPreconditionError("engine: Step() while the backward of chunk " +
+                                   std::to_string(grad_bufs.begin()->first) +
+                                   " is open (BeforeBackward without AfterBackward for its modules)");
+  }
   for (const auto& [chunk, g] : gathered) {
     if (g.users > 0) {
       return FailedPreconditionError("engine: Step() while module hooks hold chunk " + std::to_string(chunk) +

@@ -74,7 +74,8 @@ struct Engine::Impl {
   // FailedPrecondition naming `failed` once a Step() or hook failed (every hook,
   // BeginMicroBatch, Step).
   Status RefuseAfterFailure() const;
-  // FailedPrecondition while a module's hooks hold a gathered chunk (Step, DropGathered).
+  // FailedPrecondition while a module's hooks hold a gathered chunk or a backward is open
+  // (Step, DropGathered).
   Status CheckHooksDone() const;
   std::unique_ptr<IoEngine> io;
   std::shared_ptr<IoFaultHook> io_fault_hook;  // EngineResources::io_fault_hook (tests)

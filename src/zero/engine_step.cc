@@ -273,7 +273,12 @@ Status Engine::Impl::RefuseAfterFailure() const {
 Status Engine::Impl::FailHook(Status st, std::string_view hook, int module) {
   if (st.ok() || !failed.ok()) return st;
   failed_call = std::string(hook) + "(" + std::to_string(module) + ")";
-  // The step count has not moved: whatever this window speculated was committed at it.
+  // Said before the waits below: with several ranks they last until the peers' matching
+  // collectives run, which a failed peer may never do.
+  STRATA_LOG(kError, "engine") << failed_call << " failed, abandoning the step: " << st.ToString();
+  // Speculation during the backward commits nothing (StepOnce does, before it moves the
+  // step count): AbandonStep drops the pending results, and the commits at the current
+  // count, none yet, stay untouched.
   AbandonStep(st, step_count);
   return st;
 }
@@ -438,7 +443,8 @@ Status Engine::GatherMaster(int module, int tensor, std::vector<float>* out) {
     Impl::OptChunk& o = s.opt[t.chunk];
     if (s.opt_tier == ZeroTier::kNvme) {
       // The optimizer worker owns the staging pool and the writes during a micro-batch.
-      STRATA_RETURN_IF_ERROR(s.WaitReduces());
+      // A reduction that failed leaves the window without its gradients, as in a hook.
+      STRATA_RETURN_IF_ERROR(s.FailHook(s.WaitReduces(), "GatherMaster", module));
       s.opt_worker.Drain();
       STRATA_RETURN_IF_ERROR(s.WaitNvmeWrites(/*report=*/s.failed.ok()));
       STRATA_RETURN_IF_ERROR(s.ReadMaster(t.chunk, full.data() + s.opt_offset));

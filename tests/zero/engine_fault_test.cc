@@ -93,9 +93,8 @@ FaultyRun TrainThenFail(const Config& config, zero::TrainSpec spec, IoOp op, int
       }
     }
   }
-  // A hook that failed (e.g. writing a gradient shard) leaves the step's other
-  // reductions in flight, each error reported once by the next call that waits for them,
-  // GatherMaster included; it reads the master on the next call.
+  // A write that failed after Step() returned is reported once, by the next call that
+  // waits for it (GatherMaster included); GatherMaster reads the master on the next call.
   for (int attempt = 0; attempt < 2; ++attempt) {
     r.gathered = OkStatus();
     r.params.clear();

@@ -447,6 +447,27 @@ TEST(Engine, DestroyedMidStepWaitsForItsReads) {
   t->engine.reset();
 }
 
+// A model kernel that fails between BeforeBackward and AfterBackward leaves that
+// backward open: its chunk's gradients were never reduced, so Step() refuses, at every
+// stage (stage 3 also sees the chunk still held).
+TEST(Engine, StepWithABackwardLeftOpenIsRefused) {
+  const zero::TrainSpec spec = SmallSpec(1);
+  const int last = static_cast<int>(model::MlpModules(spec.model).size()) - 1;
+  for (const Combo& c : {Combo{1, "cpu", "none"}, Combo{2, "none", "none"}, Combo{3, "cpu", "cpu"}}) {
+    auto t = MakeEngine(MakeConfig(c), spec);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    Engine& e = *t->engine;
+    ASSERT_TRUE(e.BeginMicroBatch().ok());
+    ASSERT_TRUE(e.BeforeBackward(last).ok());
+    auto step = e.Step();
+    ASSERT_FALSE(step.ok()) << ComboName(c);
+    EXPECT_EQ(step.status().code(), StatusCode::kFailedPrecondition) << step.status().ToString();
+    const bool named = step.status().message().find("is open") != std::string::npos ||
+                       step.status().message().find("hooks hold chunk") != std::string::npos;
+    EXPECT_TRUE(named) << ComboName(c) << ": " << step.status().message();
+  }
+}
+
 TEST(Engine, HookWithABadModuleIndexIsRefusedByName) {
   const zero::TrainSpec spec = SmallSpec(1);
   auto t = MakeEngine(MakeConfig({3, "cpu", "cpu"}), spec);
