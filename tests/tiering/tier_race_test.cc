@@ -18,6 +18,7 @@ namespace {
 
 using testing::MakeTierEnv;
 using testing::Pattern;
+using testing::TierEnv;
 using testing::TierEnvOptions;
 
 // Runs `open` when it goes out of scope (before the futures it was declared after).
@@ -95,6 +96,18 @@ bool ReadyWithin(const BlockHandle& h, std::chrono::seconds limit) {
   return true;
 }
 
+// Writes `bytes` as the block's new version through an acquisition on `tier`.
+Status WriteVersion(TierEnv& env, BlockId id, Tier tier, const std::vector<std::byte>& bytes) {
+  STRATA_ASSIGN_OR_RETURN(BlockHandle h, env.tm->Acquire(id, tier, Access::kOverwrite));
+  if (!ReadyWithin(h, std::chrono::seconds(10))) return InternalError("acquisition not ready in 10 s");
+  STRATA_RETURN_IF_ERROR(h.Wait());
+  if (tier == Tier::kHost) {
+    std::memcpy(h.data(), bytes.data(), bytes.size());
+    return OkStatus();
+  }
+  return env.device->CopySync(h.data(), bytes.data(), bytes.size(), CopyDir::kHostToDevice);
+}
+
 // A host copy being written back to NVMe turns stale when the device copy is written.
 // A later host acquisition must wait for that write-back and load the new bytes; it
 // used to take the stale leaving copy back as valid, drop its load, and never become
@@ -109,13 +122,7 @@ TEST(TierRaceTest, StaleCopyLeavingForNvmeIsNotTakenBack) {
   ASSERT_TRUE(tm.Register(id, Tier::kNvme, Pattern(bytes, 1)).ok());
 
   // Version 2 on the host only (NVMe still holds version 1).
-  std::vector<std::byte> v2 = Pattern(bytes, 2);
-  {
-    auto h = tm.Acquire(id, Tier::kHost, Access::kReadWrite);
-    ASSERT_TRUE(h.ok()) << h.status().ToString();
-    ASSERT_TRUE(h->Wait().ok());
-    std::memcpy(h->data(), v2.data(), bytes);
-  }
+  ASSERT_TRUE(WriteVersion(env, id, Tier::kHost, Pattern(bytes, 2)).ok());
 
   // Its write-back to NVMe is held in flight; Evict waits for it on another thread.
   env.nvme->CloseWriteGate();
@@ -125,12 +132,7 @@ TEST(TierRaceTest, StaleCopyLeavingForNvmeIsNotTakenBack) {
 
   // Version 3 on the device: the leaving host copy is stale now.
   std::vector<std::byte> v3 = Pattern(bytes, 3);
-  {
-    auto h = tm.Acquire(id, Tier::kDevice, Access::kOverwrite);
-    ASSERT_TRUE(h.ok()) << h.status().ToString();
-    ASSERT_TRUE(ReadyWithin(*h, std::chrono::seconds(10)));
-    ASSERT_TRUE(env.device->CopySync(h->data(), v3.data(), bytes, CopyDir::kHostToDevice).ok());
-  }
+  ASSERT_TRUE(WriteVersion(env, id, Tier::kDevice, v3).ok());
 
   auto reader = tm.Acquire(id, Tier::kHost, Access::kRead);
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
@@ -167,12 +169,7 @@ TEST(TierRaceTest, FailedEvictionCopyFailsTheAcquisitionWaitingForIt) {
 
   // Version 2 on the device only.
   std::vector<std::byte> v2 = Pattern(bytes, 2);
-  {
-    auto h = tm.Acquire(id, Tier::kDevice, Access::kOverwrite);
-    ASSERT_TRUE(h.ok()) << h.status().ToString();
-    ASSERT_TRUE(h->Wait().ok());
-    ASSERT_TRUE(env.device->CopySync(h->data(), v2.data(), bytes, CopyDir::kHostToDevice).ok());
-  }
+  ASSERT_TRUE(WriteVersion(env, id, Tier::kDevice, v2).ok());
 
   auto evicted = std::async(std::launch::async, [&] { return tm.Evict(id, Tier::kDevice); });
   OpenOnExit open_gate([&] { gate->Open(); });

@@ -111,6 +111,18 @@ FaultyRun TrainThenFail(const Config& config, zero::TrainSpec spec, IoOp op, int
   return r;
 }
 
+// TrainThenFail, but a hang (a lost completion) ends the test at once instead of at
+// ctest's timeout.
+FaultyRun TrainThenFailOrExit(const std::string& what, const Config& config, const zero::TrainSpec& spec, IoOp op,
+                              int64_t skip) {
+  auto run = std::async(std::launch::async, [&] { return TrainThenFail(config, spec, op, skip); });
+  if (run.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
+    std::fprintf(stderr, "%s: no progress in 120 s after the faults (hang)\n", what.c_str());
+    std::_Exit(1);
+  }
+  return run.get();
+}
+
 TEST(EngineFault, FailedNvmeWritesFailTheStepAndLoseNothing) {
   zero::TrainSpec spec = SmallSpec(3);
   int kept_checked = 0;   // failed steps whose committed master was compared
@@ -124,13 +136,7 @@ TEST(EngineFault, FailedNvmeWritesFailTheStepAndLoseNothing) {
       for (int64_t skip : {0, 1, 2}) {
         const std::string what =
             ComboName(c) + " " + extra + ", writes failing after " + std::to_string(skip);
-        // A hang here would be a lost completion: fail fast instead of waiting for ctest.
-        auto run = std::async(std::launch::async, [&] { return TrainThenFail(config, spec, IoOp::kWrite, skip); });
-        if (run.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
-          std::fprintf(stderr, "%s: no progress in 120 s after the write faults (hang)\n", what.c_str());
-          std::_Exit(1);
-        }
-        FaultyRun r = run.get();
+        FaultyRun r = TrainThenFailOrExit(what, config, spec, IoOp::kWrite, skip);
         ASSERT_TRUE(r.trained.ok()) << what << ": " << r.trained.ToString();
         ASSERT_FALSE(r.failed.ok()) << what << ": writes failed and nothing said so";
         EXPECT_EQ(r.failed.code(), StatusCode::kIoError) << what << ": " << r.failed.ToString();
@@ -171,12 +177,7 @@ TEST(EngineFault, FailedHookEndsTrainingAndLosesNothing) {
     ASSERT_TRUE(clean.status.ok()) << clean.status.ToString();
     for (int64_t skip : {0, 2}) {
       const std::string what = std::string(extra) + ", reads failing after " + std::to_string(skip);
-      auto run = std::async(std::launch::async, [&] { return TrainThenFail(config, spec, IoOp::kRead, skip); });
-      if (run.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
-        std::fprintf(stderr, "%s: no progress in 120 s after the read faults (hang)\n", what.c_str());
-        std::_Exit(1);
-      }
-      FaultyRun r = run.get();
+      FaultyRun r = TrainThenFailOrExit(what, config, spec, IoOp::kRead, skip);
       ASSERT_TRUE(r.trained.ok()) << what << ": " << r.trained.ToString();
       EXPECT_EQ(r.failed.code(), StatusCode::kIoError) << what << ": " << r.failed.ToString();
       EXPECT_TRUE(r.hook_failed) << what << ": expected a hook to fail and the engine to refuse after; then "
