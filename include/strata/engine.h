@@ -195,7 +195,9 @@ class Engine : public model::MlpHooks {
   // other error (e.g. an NVMe write that failed) leaves the engine failed: what the step
   // left in flight is waited for, and with the optimizer state on NVMe (the tier with
   // I/O to fail) what it had committed is cancelled, so GatherMaster reads the
-  // parameters of the last Step() that succeeded; BeginMicroBatch and Step
+  // parameters of the last Step() that succeeded. With the optimizer in memory a step
+  // whose parameter writes fail still completes its update of the master, so
+  // GatherMaster reads a whole step (that one); BeginMicroBatch and Step
   // then return FailedPrecondition naming the error (train on with a new engine).
   Result<StepResult> Step();
   // Step() returns before the optimizer's last writes reach NVMe: they finish while the

@@ -364,6 +364,11 @@ struct Engine::Impl {
   // grad: the gradient shard to step with; nullptr: o.grad, or for grad_tier nvme the
   // shard read from disk with the state.
   Status StepChunk(int chunk, float grad_scale, bool speculative, int next_chunk = -1, const float* grad = nullptr);
+  // Optimizer in memory (device/host tiers), Step()'s own steps only: set by StepChunk
+  // when the chunk's state was updated in place but its parameters could not be
+  // published; while skip_publish is set, StepChunk updates the state only.
+  bool stepped_unpublished = false;
+  bool skip_publish = false;
   Status StepChunkNvme(int chunk, float grad_scale, bool speculative, int next_chunk, const float* grad);
   Status CommitChunk(int chunk);
   Status DiscardChunk(int chunk);

@@ -88,7 +88,10 @@ Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, in
   opt_busy_ns += NowNs() - t0;
   Span(track_optimizer, std::string(speculative ? "step (speculative) chunk " : "step chunk ") + std::to_string(chunk),
        span_start);
-  if (s.ok()) s = PublishParams(chunk, out, on_host);
+  if (s.ok() && !skip_publish) {
+    s = PublishParams(chunk, out, on_host);
+    if (!speculative) stepped_unpublished = !s.ok();  // Step()'s thread only
+  }
   if (on_host) param_staging.Give(out);
   if (speculative) {
     o.pending = st;
@@ -393,12 +396,26 @@ Result<StepResult> Engine::Impl::StepOnce() {
       }
       to_step.push_back(c);
     }
+    // With the optimizer in memory a chunk's state is updated in place. When one's
+    // parameters cannot be written, the rest are still stepped (not published), so the
+    // master the failed engine keeps is a whole step rather than part of one.
+    Status unpublished;
     for (size_t i = 0; i < to_step.size(); ++i) {
       int next = i + 1 < to_step.size() ? to_step[i + 1] : -1;
-      STRATA_RETURN_IF_ERROR(s.StepChunk(to_step[i], grad_scale, /*speculative=*/false, next));
+      s.stepped_unpublished = false;
+      Status st = s.StepChunk(to_step[i], grad_scale, /*speculative=*/false, next);
+      if (st.ok()) continue;
+      if (!s.stepped_unpublished) {
+        s.skip_publish = false;
+        return st;
+      }
+      if (unpublished.ok()) unpublished = st;
+      s.skip_publish = true;
     }
+    s.skip_publish = false;
     ++s.step_count;
     s.adam.step = s.step_count + 1;
+    if (!unpublished.ok()) return unpublished;
     STRATA_RETURN_IF_ERROR(s.AllGatherParams());
   }
   if (s.opt_tier == ZeroTier::kNvme) {
