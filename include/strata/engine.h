@@ -197,7 +197,8 @@ class Engine : public model::MlpHooks {
   // I/O to fail) what it had committed is cancelled, so GatherMaster reads the
   // parameters of the last Step() that succeeded. With the optimizer in memory a step
   // whose parameter writes fail still completes its update of the master, so
-  // GatherMaster reads a whole step (that one); BeginMicroBatch and Step
+  // GatherMaster reads a whole step: that one, or the one before when the failure came
+  // in a speculative step during the backward; BeginMicroBatch and Step
   // then return FailedPrecondition naming the error (train on with a new engine).
   Result<StepResult> Step();
   // Step() returns before the optimizer's last writes reach NVMe: they finish while the

@@ -76,22 +76,25 @@ Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, in
   bool on_host;
   void* out = Out16Target(chunk, &on_host);
   Status s;
+  bool updated = false;  // the state holds the new step (only its parameters may be missing)
   if (opt_tier == ZeroTier::kDevice) {
     // A device that cannot write host memory computes into out16_device first. Only one
     // thread steps at a time (the optimizer worker is drained before Step() steps).
     void* dev_out = on_host && out16_device != nullptr ? out16_device : out;
     s = ops->Adam(zero::OpsLane::kOptimizer, p, st, opt_elems, grad, compute, dev_out);
-    if (s.ok() && dev_out != out) s = ops->ReadToHost(zero::OpsLane::kOptimizer, out, dev_out, opt_elems * csize);
+    updated = s.ok();
+    if (s.ok() && dev_out != out && !skip_publish) {
+      s = ops->ReadToHost(zero::OpsLane::kOptimizer, out, dev_out, opt_elems * csize);
+    }
   } else {
     s = zero::AdamOnHost(p, st, opt_elems, grad, compute, out, speculative ? &speculation_arena : nullptr);
+    updated = s.ok();
   }
   opt_busy_ns += NowNs() - t0;
   Span(track_optimizer, std::string(speculative ? "step (speculative) chunk " : "step chunk ") + std::to_string(chunk),
        span_start);
-  if (s.ok() && !skip_publish) {
-    s = PublishParams(chunk, out, on_host);
-    if (!speculative) stepped_unpublished = !s.ok();  // Step()'s thread only
-  }
+  if (s.ok() && !skip_publish) s = PublishParams(chunk, out, on_host);
+  if (!speculative) stepped_unpublished = updated && !s.ok();  // Step()'s thread only
   if (on_host) param_staging.Give(out);
   if (speculative) {
     o.pending = st;
@@ -406,8 +409,9 @@ Result<StepResult> Engine::Impl::StepOnce() {
       Status st = s.StepChunk(to_step[i], grad_scale, /*speculative=*/false, next);
       if (st.ok()) continue;
       if (!s.stepped_unpublished) {
+        // This chunk's update itself failed: the master is part of a step after all.
         s.skip_publish = false;
-        return st;
+        return unpublished.ok() ? st : unpublished;
       }
       if (unpublished.ok()) unpublished = st;
       s.skip_publish = true;

@@ -4,11 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <future>
-#include <mutex>
 #include <thread>
 
 #include "tier_test_util.h"
@@ -16,6 +14,7 @@
 namespace strata {
 namespace {
 
+using testing::Gate;
 using testing::MakeTierEnv;
 using testing::Pattern;
 using testing::TierEnv;
@@ -35,16 +34,8 @@ class OpenOnExit {
 // fail with IoError (a failed eviction copy).
 class FailingD2HDevice : public Device {
  public:
-  explicit FailingD2HDevice(std::unique_ptr<Device> inner) : inner_(std::move(inner)) {}
-  void Open() {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = true;
-    cv_.notify_all();
-  }
-  void WaitForHeldCopies(int n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return held_ >= n; });
-  }
+  explicit FailingD2HDevice(std::unique_ptr<Device> inner) : inner_(std::move(inner)) { gate.Close(); }
+  Gate gate;
 
   DeviceKind kind() const override { return inner_->kind(); }
   std::string name() const override { return inner_->name(); }
@@ -60,10 +51,7 @@ class FailingD2HDevice : public Device {
   std::string_view StreamName(StreamId stream) const override { return inner_->StreamName(stream); }
   Status CopyAsync(StreamId stream, void* dst, const void* src, uint64_t bytes, CopyDir dir) override {
     if (dir != CopyDir::kDeviceToHost) return inner_->CopyAsync(stream, dst, src, bytes, dir);
-    std::unique_lock<std::mutex> lock(mu_);
-    held_++;
-    cv_.notify_all();
-    cv_.wait(lock, [&] { return open_; });
+    gate.Pass();
     return IoError("injected device-to-host copy failure");
   }
   Status CopySync(void* dst, const void* src, uint64_t bytes, CopyDir dir) override {
@@ -80,10 +68,6 @@ class FailingD2HDevice : public Device {
 
  private:
   std::unique_ptr<Device> inner_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-  int held_ = 0;
 };
 
 // Polls instead of Wait(): a stranded ticket must fail the test, not hang it.
@@ -125,10 +109,10 @@ TEST(TierRaceTest, StaleCopyLeavingForNvmeIsNotTakenBack) {
   ASSERT_TRUE(WriteVersion(env, id, Tier::kHost, Pattern(bytes, 2)).ok());
 
   // Its write-back to NVMe is held in flight; Evict waits for it on another thread.
-  env.nvme->CloseWriteGate();
+  env.nvme->write_gate.Close();
   auto evicted = std::async(std::launch::async, [&] { return tm.Evict(id, Tier::kHost); });
-  OpenOnExit open_gate([&] { env.nvme->OpenWriteGate(); });  // a failed ASSERT must not hang
-  env.nvme->WaitForHeldWrites(1);
+  OpenOnExit open_gate([&] { env.nvme->write_gate.Open(); });  // a failed ASSERT must not hang
+  env.nvme->write_gate.WaitForHeld(1);
 
   // Version 3 on the device: the leaving host copy is stale now.
   std::vector<std::byte> v3 = Pattern(bytes, 3);
@@ -136,7 +120,7 @@ TEST(TierRaceTest, StaleCopyLeavingForNvmeIsNotTakenBack) {
 
   auto reader = tm.Acquire(id, Tier::kHost, Access::kRead);
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
-  env.nvme->OpenWriteGate();
+  env.nvme->write_gate.Open();
   bool ready = ReadyWithin(*reader, std::chrono::seconds(10));
   EXPECT_TRUE(ready) << "the host acquisition was never made ready";
   ASSERT_EQ(evicted.wait_for(std::chrono::seconds(10)), std::future_status::ready);
@@ -154,14 +138,14 @@ TEST(TierRaceTest, StaleCopyLeavingForNvmeIsNotTakenBack) {
 TEST(TierRaceTest, FailedEvictionCopyFailsTheAcquisitionWaitingForIt) {
   TierEnvOptions o;
   o.budgets = {16 << 10, 32 << 10, 0};
-  FailingD2HDevice* gate = nullptr;
+  FailingD2HDevice* failing = nullptr;
   o.wrap_device = [&](std::unique_ptr<Device> sim) {
     auto d = std::make_unique<FailingD2HDevice>(std::move(sim));
-    gate = d.get();
+    failing = d.get();
     return std::unique_ptr<Device>(std::move(d));
   };
   auto env = MakeTierEnv(o);
-  ASSERT_NE(gate, nullptr);
+  ASSERT_NE(failing, nullptr);
   TierManager& tm = *env.tm;
   const BlockId id{0, 0, kWholeChunk};
   const uint64_t bytes = tm.BlockBytes(id);
@@ -172,11 +156,11 @@ TEST(TierRaceTest, FailedEvictionCopyFailsTheAcquisitionWaitingForIt) {
   ASSERT_TRUE(WriteVersion(env, id, Tier::kDevice, v2).ok());
 
   auto evicted = std::async(std::launch::async, [&] { return tm.Evict(id, Tier::kDevice); });
-  OpenOnExit open_gate([&] { gate->Open(); });
-  gate->WaitForHeldCopies(1);
+  OpenOnExit open_gate([&] { failing->gate.Open(); });
+  failing->gate.WaitForHeld(1);
   auto reader = tm.Acquire(id, Tier::kHost, Access::kRead);
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
-  gate->Open();
+  failing->gate.Open();
 
   ASSERT_TRUE(ReadyWithin(*reader, std::chrono::seconds(10)))
       << "the host acquisition was left pending after the copy it waited for failed";

@@ -20,6 +20,39 @@
 
 namespace strata::testing {
 
+// Threads pass it freely while it is open and wait at it while it is closed (race
+// tests hold a move in flight with one).
+class Gate {
+ public:
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = false;
+    cv_.notify_all();
+  }
+  void Pass() {
+    std::unique_lock<std::mutex> lock(mu_);
+    held_++;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return !closed_; });
+    held_--;
+  }
+  // Returns once n threads wait at the gate.
+  void WaitForHeld(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return held_ >= n; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool closed_ = false;
+  int held_ = 0;
+};
+
 // Slots are byte vectors; a failed write leaves the slot garbage (as NvmeStore makes it
 // unreadable). Faults: the next `fail_writes` writes / `fail_reads` reads fail with
 // IoError. A gate holds writes in flight until it opens (race tests). Outlives the
@@ -47,11 +80,8 @@ class MemorySlotBackend : public SlotBackend {
     return OkStatus();
   }
   Status WriteSlots(std::span<const uint32_t> slots, const void* buffer, uint64_t length) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    writes_held_++;
-    gate_cv_.notify_all();
-    gate_cv_.wait(lock, [&] { return !gate_closed_; });
-    writes_held_--;
+    write_gate.Pass();
+    std::lock_guard<std::mutex> lock(mu_);
     writes_++;
     bool fail = fail_writes_ > 0;
     if (fail) fail_writes_--;
@@ -93,20 +123,9 @@ class MemorySlotBackend : public SlotBackend {
     std::lock_guard<std::mutex> lock(mu_);
     fail_reads_ = n;
   }
-  // While closed, writes wait in flight; WaitForHeldWrites(n) returns once n do.
-  void CloseWriteGate() {
-    std::lock_guard<std::mutex> lock(mu_);
-    gate_closed_ = true;
-  }
-  void OpenWriteGate() {
-    std::lock_guard<std::mutex> lock(mu_);
-    gate_closed_ = false;
-    gate_cv_.notify_all();
-  }
-  void WaitForHeldWrites(int n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    gate_cv_.wait(lock, [&] { return writes_held_ >= n; });
-  }
+  // Every write passes it first: while it is closed, writes wait in flight.
+  Gate write_gate;
+
   uint64_t writes() const {
     std::lock_guard<std::mutex> lock(mu_);
     return writes_;
@@ -126,9 +145,6 @@ class MemorySlotBackend : public SlotBackend {
   mutable std::mutex mu_;
   std::vector<std::vector<std::byte>> data_;
   std::vector<uint32_t> free_;
-  std::condition_variable gate_cv_;
-  bool gate_closed_ = false;
-  int writes_held_ = 0;
   int fail_writes_ = 0;
   int fail_reads_ = 0;
   uint64_t writes_ = 0;
