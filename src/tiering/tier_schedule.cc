@@ -270,18 +270,14 @@ bool TierManager::Impl::AdvanceWriteback(Block& b, Tier from) {
   size_t fi = static_cast<size_t>(TierIndex(from));
   Copy& c = b.copies[fi];
   if (c.state != Copy::State::kLeaving) return true;
-  if (c.version != b.version && c.readers == 0) {
-    // Written elsewhere since it was chosen: its bytes are no version worth keeping (and
-    // the write would record them as the current one). The writer's copy goes down in
-    // its own time.
+  // No write is needed when a copy appeared elsewhere meanwhile, or when the block was
+  // written elsewhere since this copy was chosen: its bytes are no version worth keeping
+  // (and the write would record them as the current one).
+  const bool stale = c.version != b.version && c.readers == 0;
+  if (stale || HasOtherValid(b, from)) {
     FreeCopy(b, from);
     tele.writebacks--;
-    return true;
-  }
-  if (HasOtherValid(b, from)) {  // a copy appeared elsewhere meanwhile: no write needed
-    FreeCopy(b, from);
-    tele.writebacks--;
-    tele.clean_drops++;
+    if (!stale) tele.clean_drops++;
     return true;
   }
   if (from == Tier::kHost) {
@@ -573,15 +569,13 @@ void TierManager::Impl::CheckNoStrandedTickets() const {
       const Copy& c = b.copies[ti];
       // A queued want is advanced by a later Pump; a load or any other move of the block
       // ends in OnMoveDone, which notifies.
-      bool will_wake = b.want[ti] != 0 || c.state == Copy::State::kLoading || b.moves > 0;
-      if (will_wake) continue;
+      if (b.want[ti] != 0 || c.state == Copy::State::kLoading || b.moves > 0) continue;
       std::string who = tk->label.empty() ? "" : "'" + tk->label + "' ";
-      STRATA_CHECK_MSG(will_wake, "pending acquisition " + who + "of " + tiering::BlockName(options, id) + " on " +
-                                      std::string(TierName(tk->tier)) +
-                                      " has no want, load or move left to make it ready (copy state " +
-                                      std::to_string(static_cast<int>(c.state)) + ", copy version " +
-                                      std::to_string(c.version) + ", block version " + std::to_string(b.version) +
-                                      ")");
+      CheckFailed(__FILE__, __LINE__, "a pending acquisition will be woken",
+                  "pending acquisition " + who + "of " + tiering::BlockName(options, id) + " on " +
+                      std::string(TierName(tk->tier)) + " has no want, load or move left to make it ready (copy state " +
+                      std::to_string(static_cast<int>(c.state)) + ", copy version " + std::to_string(c.version) +
+                      ", block version " + std::to_string(b.version) + ")");
     }
   }
 #endif

@@ -64,8 +64,9 @@ struct Engine::Impl {
   Status failed;
   std::string failed_call;
   Result<StepResult> StepOnce();
-  // After a failed Step() or hook: waits for what it left in flight and cancels what the
-  // step had committed, so the master stays the one of the last Step() that succeeded.
+  // After a failed Step() or hook: waits for what it left in flight and, with the
+  // optimizer on NVMe, cancels what the step had committed, so the master stays the one
+  // of the last Step() that succeeded.
   void AbandonStep(const Status& why, int64_t stepping);
   // A hook's error that may have left the accumulation window incomplete (a gather, a
   // reduction, a kernel): abandons the step as a failed Step() does, so no later Step()
@@ -363,12 +364,11 @@ struct Engine::Impl {
   // next_chunk: the chunk likely stepped next (-1: unknown), read ahead on NVMe.
   // grad: the gradient shard to step with; nullptr: o.grad, or for grad_tier nvme the
   // shard read from disk with the state.
-  Status StepChunk(int chunk, float grad_scale, bool speculative, int next_chunk = -1, const float* grad = nullptr);
-  // Optimizer in memory (device/host tiers), Step()'s own steps only: set by StepChunk
-  // when the chunk's state was updated in place but its parameters could not be
-  // published; while skip_publish is set, StepChunk updates the state only.
-  bool stepped_unpublished = false;
-  bool skip_publish = false;
+  // Optimizer in memory (device/host tiers): publish false updates the state only;
+  // *updated tells whether the state now holds the new step, even when the call failed
+  // (its parameters could not be published). Ignored on the NVMe tier.
+  Status StepChunk(int chunk, float grad_scale, bool speculative, int next_chunk = -1, const float* grad = nullptr,
+                   bool publish = true, bool* updated = nullptr);
   Status StepChunkNvme(int chunk, float grad_scale, bool speculative, int next_chunk, const float* grad);
   Status CommitChunk(int chunk);
   Status DiscardChunk(int chunk);

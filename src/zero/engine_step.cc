@@ -50,7 +50,8 @@ Status Engine::Impl::PublishParams(int chunk, const void* src, bool from_host) {
   return OkStatus();
 }
 
-Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, int next_chunk, const float* grad) {
+Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, int next_chunk, const float* grad,
+                               bool publish, bool* updated) {
   if (opt_tier == ZeroTier::kNvme) return StepChunkNvme(chunk, grad_scale, speculative, next_chunk, grad);
   OptChunk& o = opt[chunk];
   if (grad == nullptr) grad = o.grad;
@@ -76,25 +77,23 @@ Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, in
   bool on_host;
   void* out = Out16Target(chunk, &on_host);
   Status s;
-  bool updated = false;  // the state holds the new step (only its parameters may be missing)
   if (opt_tier == ZeroTier::kDevice) {
     // A device that cannot write host memory computes into out16_device first. Only one
     // thread steps at a time (the optimizer worker is drained before Step() steps).
     void* dev_out = on_host && out16_device != nullptr ? out16_device : out;
     s = ops->Adam(zero::OpsLane::kOptimizer, p, st, opt_elems, grad, compute, dev_out);
-    updated = s.ok();
-    if (s.ok() && dev_out != out && !skip_publish) {
+    if (updated) *updated = s.ok();
+    if (s.ok() && dev_out != out && publish) {
       s = ops->ReadToHost(zero::OpsLane::kOptimizer, out, dev_out, opt_elems * csize);
     }
   } else {
     s = zero::AdamOnHost(p, st, opt_elems, grad, compute, out, speculative ? &speculation_arena : nullptr);
-    updated = s.ok();
+    if (updated) *updated = s.ok();
   }
   opt_busy_ns += NowNs() - t0;
   Span(track_optimizer, std::string(speculative ? "step (speculative) chunk " : "step chunk ") + std::to_string(chunk),
        span_start);
-  if (s.ok() && !skip_publish) s = PublishParams(chunk, out, on_host);
-  if (!speculative) stepped_unpublished = updated && !s.ok();  // Step()'s thread only
+  if (s.ok() && publish) s = PublishParams(chunk, out, on_host);
   if (on_host) param_staging.Give(out);
   if (speculative) {
     o.pending = st;
@@ -272,7 +271,7 @@ Result<StepResult> Engine::Step() {
 Status Engine::Impl::RefuseAfterFailure() const {
   if (failed.ok()) return OkStatus();
   return FailedPreconditionError("engine: an earlier " + failed_call + " failed (" + failed.ToString() +
-                                 "); GatherMaster still reads the parameters of the last step that succeeded; "
+                                 "); GatherMaster still reads a whole step's parameters (see Engine::Step); "
                                  "create a new engine to train on");
 }
 
@@ -405,18 +404,14 @@ Result<StepResult> Engine::Impl::StepOnce() {
     Status unpublished;
     for (size_t i = 0; i < to_step.size(); ++i) {
       int next = i + 1 < to_step.size() ? to_step[i + 1] : -1;
-      s.stepped_unpublished = false;
-      Status st = s.StepChunk(to_step[i], grad_scale, /*speculative=*/false, next);
+      bool updated = false;
+      Status st = s.StepChunk(to_step[i], grad_scale, /*speculative=*/false, next, nullptr,
+                              /*publish=*/unpublished.ok(), &updated);
       if (st.ok()) continue;
-      if (!s.stepped_unpublished) {
-        // This chunk's update itself failed: the master is part of a step after all.
-        s.skip_publish = false;
-        return unpublished.ok() ? st : unpublished;
-      }
+      // This chunk's update itself failed: the master is part of a step after all.
+      if (!updated) return unpublished.ok() ? st : unpublished;
       if (unpublished.ok()) unpublished = st;
-      s.skip_publish = true;
     }
-    s.skip_publish = false;
     ++s.step_count;
     s.adam.step = s.step_count + 1;
     if (!unpublished.ok()) return unpublished;

@@ -1,9 +1,11 @@
 // The engine under NVMe faults injected into its own I/O engine (a real swap file, the
 // real completion and error paths): a write that fails is reported, naming what was
 // being written; when Step() or a hook fails, the engine refuses to train on and
-// GatherMaster reads exactly the master of the last step that succeeded. A write that fails after
-// Step() returned (writes behind cross into the next forward) is reported by the next
-// call; it loses that chunk's step only (commits are per chunk, not per step: known).
+// GatherMaster reads a whole step: exactly the last one that succeeded with the
+// optimizer on NVMe, the failed one when only its parameter writes failed with the
+// optimizer in memory. A write that fails after Step() returned (writes behind cross
+// into the next forward) is reported by the next call; it loses that chunk's step only
+// (commits are per chunk, not per step: known).
 
 #include <atomic>
 #include <cerrno>
