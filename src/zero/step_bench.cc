@@ -20,6 +20,18 @@ std::string Fmt(const char* f, double v) {
   return b;
 }
 
+// The directory the engine swaps to (as Engine::Create picks it), or "" without NVMe.
+std::string SwapDir(const Config& c) {
+  const bool opt = c.zero.offload_optimizer.device == OffloadDevice::kNvme;
+  const bool param = c.zero.offload_param.device == OffloadDevice::kNvme;
+  if (!opt && !param) return "";
+  for (const auto* paths : {opt ? &c.zero.offload_optimizer.nvme_path : nullptr,
+                            param ? &c.zero.offload_param.nvme_path : nullptr, &c.strata.swap_paths}) {
+    if (paths && !paths->empty()) return paths->front();
+  }
+  return "";
+}
+
 Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const TrainSpec& spec, Timeline* timeline,
                              bool print_losses) {
   DeviceOptions dopt;
@@ -48,11 +60,38 @@ Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const Tr
   STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, modules, init, res));
   TrainSpec run_spec = spec;
   run_spec.steps = spec.steps + 1;  // one warm-up step records the pattern and touches memory
-  STRATA_ASSIGN_OR_RETURN(TrainLog log, TrainWithEngine(*engine, world, config, run_spec));
   StepBenchRun r;
+  // Whether the step waits on the disk or leaves it idle: its counters around the
+  // measured steps. The engine created the swap directory above.
+  std::optional<DiskMonitor> disk;
+  DiskCounters disk_from, disk_to;
+  Status disk_status = OkStatus();
+  if (const std::string dir = SwapDir(config); dir.empty()) {
+    r.disk_unavailable = "no swap directory (nothing on NVMe)";
+  } else if (spec.steps < 1) {
+    r.disk_unavailable = "no measured steps";
+  } else if (Result<DiskMonitor> m = DiskMonitor::ForPath(dir); m.ok()) {
+    disk.emplace(std::move(*m));
+    run_spec.step_boundary = [&, first = 1, last = spec.steps](int step, bool end) {
+      if (!disk_status.ok() || step != (end ? last : first)) return;
+      Result<DiskCounters> c = disk->Read();
+      if (!c.ok()) disk_status = c.status();
+      else (end ? disk_to : disk_from) = *c;
+    };
+  } else {
+    r.disk_unavailable = m.status().ToString();
+  }
+  STRATA_ASSIGN_OR_RETURN(TrainLog log, TrainWithEngine(*engine, world, config, run_spec));
+  if (disk && disk_status.ok()) {
+    r.disk_name = disk->name();
+    r.disk = ActivityBetween(disk_from, disk_to);
+  } else if (disk) {
+    r.disk_unavailable = disk_status.ToString();
+  }
   r.layout = engine->layout_info();
   r.losses = log.losses;
   const int n = spec.steps;
+  r.steps = n;
   for (int i = 1; i <= n; ++i) {
     const StepTiming& t = log.timing[i];
     r.timing.forward_backward_s += t.forward_backward_s / n;
@@ -68,6 +107,18 @@ Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const Tr
     }
   }
   return r;
+}
+
+nlohmann::json DiskJson(const StepBenchRun& r) {
+  if (r.disk_name.empty()) return {{"unavailable", r.disk_unavailable}};
+  const uint64_t steps = std::max(r.steps, 1);
+  return {{"device", r.disk_name},
+          {"seconds", r.disk.seconds},
+          {"busy_fraction", r.disk.busy_fraction},
+          {"mean_in_flight", r.disk.mean_in_flight},
+          {"read_bytes_per_step", r.disk.read_bytes / steps},
+          {"write_bytes_per_step", r.disk.write_bytes / steps},
+          {"bytes_per_s", r.disk.bytes_per_s()}};
 }
 
 nlohmann::json RunJson(const StepBenchRun& r) {
@@ -93,7 +144,8 @@ nlohmann::json RunJson(const StepBenchRun& r) {
             {"d2h", s.bytes_d2h},
             {"collectives", s.bytes_comm}}},
           {"high_water", {{"device", s.device_high_water}, {"host", s.host_high_water}}},
-          {"losses", r.losses}};
+          {"losses", r.losses},
+          {"disk", DiskJson(r)}};
 }
 
 }  // namespace
@@ -121,12 +173,7 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
 
   const bool nvme = c.zero.offload_optimizer.device == OffloadDevice::kNvme ||
                     c.zero.offload_param.device == OffloadDevice::kNvme;
-  std::string nvme_dir;
-  if (nvme) {
-    const auto& p = !c.zero.offload_optimizer.nvme_path.empty() ? c.zero.offload_optimizer.nvme_path
-                                                                 : c.zero.offload_param.nvme_path;
-    nvme_dir = p.empty() ? std::string() : p.front();
-  }
+  const std::string nvme_dir = SwapDir(c);  // the probe runs on the engine's disk
   // The disk has slow spells: a probe taken in one would loosen the bound until the step
   // beat it (seen: efficiency 1.02). So it is probed after the main run and again after
   // the overlap-off run, and each rate is the best either probe reached.
@@ -234,6 +281,21 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
              (model.bound_mixed_s > main.step_s ? " (not valid: the step beat this bound)" : "") + "\n";
     }
   }
+  if (!main.disk_name.empty()) {
+    const DiskActivity& d = main.disk;
+    const uint64_t n = std::max(main.steps, 1);
+    out += "  disk " + main.disk_name + std::string(std::max<size_t>(1, 16 - main.disk_name.size()), ' ') + "busy " +
+           Fmt("%.0f%%", 100 * d.busy_fraction) + " of the measured steps, " + Fmt("%.1f", d.mean_in_flight) +
+           " requests in flight on average, " + Fmt("%.2f", d.bytes_per_s() / 1e9) + " GB/s (" +
+           FormatBytes(d.read_bytes / n) + " read, " + FormatBytes(d.write_bytes / n) +
+           " written per step, by every process)";
+    if (o.measure_rates && rates.nvme_mixed_bytes_per_s > 0) {
+      out += "; " + Fmt("%.2f", d.bytes_per_s() / rates.nvme_mixed_bytes_per_s) + " of the probe's mixed rate";
+    }
+    out += "\n";
+  } else if (nvme) {
+    out += "  disk                 no counters: " + main.disk_unavailable + "\n";
+  }
   if (off) {
     const double speedup = off->step_s / main.step_s;
     j["speedup"] = speedup;
@@ -245,6 +307,7 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
       out += " (model predicts " + Fmt("%.2f", predicted) + "x: " + Fmt("%.0f%%", 100 * speedup / predicted) +
              " of it)";
     }
+    if (!off->disk_name.empty()) out += "; disk busy " + Fmt("%.0f%%", 100 * off->disk.busy_fraction);
     out += "\n";
   }
   if (text) *text = out;
@@ -269,6 +332,9 @@ nlohmann::json SummarizeRounds(const std::vector<nlohmann::json>& rounds, std::s
     invalid += !mixed_valid;
     figures["step_s"].push_back(r["run"]["step_s"].get<double>());
     if (r.contains("speedup")) figures["speedup"].push_back(r["speedup"].get<double>());
+    if (r["run"].contains("disk") && r["run"]["disk"].contains("busy_fraction")) {
+      figures["disk_busy_fraction"].push_back(r["run"]["disk"]["busy_fraction"].get<double>());
+    }
     for (const char* k : against_bound) {
       const bool mixed = std::string(k) == "overlap_efficiency_mixed";
       if ((mixed ? mixed_valid : valid) && r.contains(k)) figures[k].push_back(r[k].get<double>());
@@ -295,6 +361,9 @@ nlohmann::json SummarizeRounds(const std::vector<nlohmann::json>& rounds, std::s
   if (med.contains("speedup")) out += ", speedup " + Fmt("%.2f", med["speedup"].get<double>()) + "x";
   if (med.contains("speedup_fraction_of_predicted")) {
     out += " (" + Fmt("%.0f%%", 100 * med["speedup_fraction_of_predicted"].get<double>()) + " of predicted)";
+  }
+  if (med.contains("disk_busy_fraction")) {
+    out += ", disk busy " + Fmt("%.0f%%", 100 * med["disk_busy_fraction"].get<double>());
   }
   out += " over " + std::to_string(rounds.size()) + " rounds";
   if (invalid) out += "; " + std::to_string(invalid) + " with a bound not valid left out of its figures";

@@ -9,6 +9,7 @@
 
 #include "strata/comm.h"
 #include "strata/config.h"
+#include "strata/disk_stats.h"
 #include "zero/step_model.h"
 #include "zero/trainer.h"
 
@@ -23,11 +24,17 @@ struct StepBenchOptions {
 };
 
 struct StepBenchRun {
+  int steps = 0;      // measured steps (after the warm-up step)
   double step_s = 0;  // mean over the measured steps
   StepTiming timing;  // means
   StepResult last;
   EngineLayoutInfo layout;
   std::vector<double> losses;
+  // The swap disk's counters from the start of the first measured step to the end of
+  // the last (every process's I/O to it): disk_name empty and disk_unavailable saying
+  // why when the run has no swap directory or it has no block device.
+  std::string disk_name, disk_unavailable;
+  DiskActivity disk;
 };
 
 // Runs the configured engine (and the serial variant), collective over `world`.
@@ -38,7 +45,7 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
 // so one run's efficiency is noise-prone. The medians over rounds (each a whole
 // RunStepBench: overlapped run, probe, overlap-off run, probe) of step_s,
 // overlap_efficiency, overlap_efficiency_mixed, speedup and
-// speedup_fraction_of_predicted; a round whose step beat its bound
+// speedup_fraction_of_predicted (and of the run's disk busy fraction, where measured); a round whose step beat its bound
 // (probe_slower_than_step) counts for the step time and speedup but not for the figures
 // measured against the bound, and one whose step beat only the mixed bound
 // (mixed_bound_beaten) not for the mixed efficiency. Returns {"rounds": [...],

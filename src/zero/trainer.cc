@@ -61,6 +61,7 @@ Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Conf
     const double scale = engine.loss_scale();
     TimedHooks hooks(engine, spec.before_backward);
     StepTiming timing;
+    if (spec.step_boundary) spec.step_boundary(step, /*end=*/false);
     auto t0 = std::chrono::steady_clock::now();
     for (int m = 0; m < accum; ++m) {
       model::BatchSlice slice{step, world.rank(), world.size(), m, accum, spec.micro_batch};
@@ -78,6 +79,7 @@ Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Conf
     timing.forward_backward_s = Seconds(t0, t1);
     timing.hooks_s = hooks.seconds;
     timing.step_s = Seconds(t1, std::chrono::steady_clock::now());
+    if (spec.step_boundary) spec.step_boundary(step, /*end=*/true);
     log.timing.push_back(timing);
     if (world.size() > 1) {
       // Each rank's partial loss as the bits of a double, summed in rank order.

@@ -22,6 +22,10 @@ struct TrainSpec {
   // Test instrumentation: called on the training thread once the engine's BeforeBackward
   // hook of module `m` returned, before the module's backward runs. Empty: nothing.
   std::function<void(int m)> before_backward;
+  // Called on the training thread as step `step` begins (end false: before its first
+  // micro-batch, where its timing starts) and ends (end true: where its timing stops,
+  // after Step() and, for the last step, Flush()). Empty: nothing.
+  std::function<void(int step, bool end)> step_boundary;
 };
 
 // Wall time of one step on the training thread.

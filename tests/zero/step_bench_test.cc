@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include "engine_harness.h"
+#include "single_world.h"
+#include "strata/disk_stats.h"
+
 namespace strata::zero {
 namespace {
 
@@ -63,6 +67,59 @@ TEST(StepBench, ARoundThatBeatOnlyTheMixedBoundKeepsItsStrictFigures) {
   EXPECT_DOUBLE_EQ(m["overlap_efficiency_mixed"].get<double>(), 0.85) << "0.80 and 0.90, not 1.05";
   EXPECT_EQ(s["invalid_bound_rounds"].get<int>(), 1);
   EXPECT_NE(text.find("mixed bound not valid"), std::string::npos) << text;
+}
+
+// The disk's busy fraction is a median over the rounds that measured it; a round without
+// counters (no block device under the swap directory) is left out, not counted as idle.
+TEST(StepBench, DiskBusyIsTheMedianOfTheRoundsThatMeasuredIt) {
+  auto with_disk = [](double busy) {
+    nlohmann::json r = Round(1.3, 0.8, 1.7);
+    r["run"]["disk"] = {{"device", "vda"}, {"busy_fraction", busy}};
+    return r;
+  };
+  nlohmann::json without = Round(1.3, 0.8, 1.7);
+  without["run"]["disk"] = {{"unavailable", "no block device"}};
+  std::string text;
+  const nlohmann::json s = SummarizeRounds({with_disk(0.97), without, with_disk(0.91), with_disk(0.99)}, &text);
+  EXPECT_DOUBLE_EQ(s["median"]["disk_busy_fraction"].get<double>(), 0.97);
+  EXPECT_NE(text.find("disk busy 97%"), std::string::npos) << text;
+  const nlohmann::json none = SummarizeRounds({without, Round(1.2, 0.7, 1.6)}, &text);
+  EXPECT_FALSE(none["median"].contains("disk_busy_fraction"));
+  EXPECT_EQ(text.find("disk busy"), std::string::npos) << text;
+}
+
+// A real run with the optimizer and parameters on NVMe reports its swap disk's counters
+// over the measured steps; a run with nothing on NVMe says it has none.
+TEST(StepBenchRun, ReportsItsSwapDisk) {
+  StepBenchOptions o;
+  o.config = testing::MakeConfig({3, "nvme", "nvme"});
+  o.spec = testing::SmallSpec(/*steps=*/2);
+  o.compare_serial = false;
+  o.measure_rates = false;
+  std::string text;
+  auto j = RunStepBench(testing::World(), o, &text);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  const nlohmann::json& disk = (*j)["run"]["disk"];
+  auto monitor = DiskMonitor::ForPath(testing::SwapDir());
+  if (!monitor.ok()) {
+    EXPECT_EQ(disk.value("unavailable", ""), monitor.status().ToString()) << disk.dump();
+    EXPECT_NE(text.find("disk                 no counters: "), std::string::npos) << text;
+    GTEST_SKIP() << "the swap directory has no block device: " << monitor.status().ToString();
+  }
+  EXPECT_EQ(disk.value("device", ""), monitor->name()) << disk.dump();
+  // Every step writes the optimizer state: the device saw at least strata's writes.
+  EXPECT_GE(disk["write_bytes_per_step"].get<uint64_t>(), (*j)["run"]["bytes"]["nvme_write"].get<uint64_t>())
+      << disk.dump();
+  EXPECT_GE(disk["busy_fraction"].get<double>(), 0.0);
+  EXPECT_LE(disk["busy_fraction"].get<double>(), 1.0);
+  EXPECT_GT(disk["seconds"].get<double>(), 0.0);
+  EXPECT_NE(text.find("disk " + monitor->name()), std::string::npos) << text;
+
+  o.config = testing::MakeConfig({2, "cpu", "none"});
+  auto none = RunStepBench(testing::World(), o, &text);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_EQ((*none)["run"]["disk"].value("unavailable", ""), "no swap directory (nothing on NVMe)");
+  EXPECT_EQ(text.find("disk "), std::string::npos) << text;
 }
 
 }  // namespace
