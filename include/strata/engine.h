@@ -202,9 +202,14 @@ class Engine : public model::MlpHooks {
   // then return FailedPrecondition naming the error (train on with a new engine).
   Result<StepResult> Step();
   // Step() returns before the optimizer's last writes reach NVMe: they finish while the
-  // next forward runs (every read of what they write waits for them). Flush waits for
-  // them, e.g. before timing the end of a run; the destructor does so too. Call it on
-  // the training thread between Step() and the next micro-batch; the first write error.
+  // next forward runs (every read of what they write waits for them, and the next step
+  // writes no optimizer state before they are all on disk). Flush waits for them, e.g.
+  // before timing the end of a run or saving a checkpoint; the destructor does so too.
+  // Call it on the training thread between Step() and the next micro-batch; the first
+  // write error. A write that fails after its Step() returned (seen here, by
+  // GatherMaster, or by the next step's hooks or Step()) undoes that whole step on every
+  // chunk, so GatherMaster reads the step before it, and leaves the engine failed as a
+  // failed Step() does ("an earlier write behind Step() failed").
   Status Flush();
 
   // The loss scale the model must multiply its loss by (1 unless fp16).

@@ -72,6 +72,10 @@ struct Engine::Impl {
   // reduction, a kernel): abandons the step as a failed Step() does, so no later Step()
   // applies partial gradients. Returns `st`.
   Status FailHook(Status st, std::string_view hook, int module);
+  // A write error that Flush or GatherMaster saw after Step() returned (WaitWrite has
+  // rolled the step back): the engine trains no more, as after a failed Step(). Training
+  // thread only. Returns `st`.
+  Status FailBehind(Status st);
   // FailedPrecondition naming `failed` once a Step() or hook failed (every hook,
   // BeginMicroBatch, Step).
   Status RefuseAfterFailure() const;
@@ -123,7 +127,7 @@ struct Engine::Impl {
     // SettleCommit makes it current once they are on disk (or returns their error, with
     // the previous state intact).
     bool commit_deferred = false;
-    int64_t commit_step = -1;   // nvme: the step_count of the Step() that committed it
+    int64_t commit_epoch = -1;  // nvme: the step_epoch of the Step() that committed it
     float* grad = nullptr;      // gradient shard, accumulated over micro-batches (device/host)
     SlotId grad_slot = 0;       // ... or its slot in grad_store (nvme)
     GradStats grad_stats;       // nvme: the final shard's stats, taken before it is written
@@ -183,6 +187,7 @@ struct Engine::Impl {
     void* buf = nullptr;
     SlotId slot = 0;  // in opt_store (nvme_writes) or param_store (param_writes)
     int chunk = -1;   // whose state it writes (nvme_writes)
+    int64_t epoch = -1;  // nvme_writes: the step_epoch it was issued in
     const char* what = "";
     Status Wait() const { return handle.Wait().WithContext(what); }
   };
@@ -195,7 +200,21 @@ struct Engine::Impl {
   Status SettleCommit(int chunk);
   // Waits for the writes still in flight to `slot` (a read or a new write of it must not
   // overtake them); the first error.
-  static Status WaitSlotWrites(const std::deque<NvmeWrite>& writes, SlotId slot);
+  Status WaitSlotWrites(const std::deque<NvmeWrite>& writes, SlotId slot);
+  // Waits for a write; when it failed, what it belonged to is lost: a pending speculation
+  // of its chunk is dropped, and the step that wrote it is rolled back on every chunk.
+  Status WaitWrite(const NvmeWrite& w);
+  // Undoes the commits of step `epoch` on every chunk: a deferred one is cancelled, a
+  // settled one goes back to its previous slot. That slot is intact because no write of
+  // a later step is issued before every write of `epoch` is on disk (SettleEarlierSteps),
+  // so the master stays a whole step, not some chunks one step on.
+  void RollBackEpoch(int64_t epoch);
+  // Waits for the writes of earlier steps still in flight (normally long done: they run
+  // during the forward); their first error. Called before every optimizer state write.
+  Status SettleEarlierSteps();
+  // The oldest write's buffer once it is on disk; its error if it failed (it stays
+  // queued for WaitNvmeWrites, which returns the buffer).
+  Result<void*> ReuseOldest(std::deque<NvmeWrite>& writes);
   // Issues reads for the pieces of `chunk` from first_piece on, then of next_chunk (and,
   // descending, the chunks below it), while sets are free and fewer than all but two
   // are reading ahead. Never waits.
@@ -293,6 +312,10 @@ struct Engine::Impl {
   int micro_batch = 0;          // index within the accumulation window
   bool in_micro_batch = false;
   int64_t step_count = 0;
+  // Step() calls that returned, skipped ones included (step_count leaves those out): tags
+  // the NVMe optimizer writes and commits of each step, so that a write lost after its
+  // Step() returned undoes that whole step (RollBackEpoch).
+  int64_t step_epoch = 0;
   std::atomic<int> speculative_count{0};
   std::atomic<uint64_t> bytes_nvme_read{0}, bytes_nvme_written{0}, bytes_h2d{0}, bytes_d2h{0},
       bytes_comm{0};

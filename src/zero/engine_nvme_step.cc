@@ -17,19 +17,41 @@
 
 namespace strata {
 
-namespace {
-
-// The oldest write's buffer once it is on disk; its error if it failed (it stays queued
-// for WaitNvmeWrites, which returns the buffer).
-Result<void*> ReuseOldest(std::deque<Engine::Impl::NvmeWrite>& writes) {
-  Engine::Impl::NvmeWrite& w = writes.front();
-  STRATA_RETURN_IF_ERROR(w.Wait());
+Result<void*> Engine::Impl::ReuseOldest(std::deque<NvmeWrite>& writes) {
+  NvmeWrite& w = writes.front();
+  STRATA_RETURN_IF_ERROR(WaitWrite(w));
   void* buf = w.buf;
   writes.pop_front();
   return buf;
 }
 
-}  // namespace
+Status Engine::Impl::WaitWrite(const NvmeWrite& w) {
+  Status st = w.Wait();
+  if (st.ok() || w.chunk < 0) return st;
+  opt[w.chunk].has_pending = false;
+  RollBackEpoch(w.epoch);
+  return st;
+}
+
+void Engine::Impl::RollBackEpoch(int64_t epoch) {
+  for (OptChunk& o : opt) {
+    if (o.commit_epoch != epoch || epoch < 0) continue;
+    if (!o.commit_deferred) o.current = 1 - o.current;
+    o.commit_deferred = false;
+    o.commit_epoch = -1;
+    o.has_pending = false;
+  }
+}
+
+Status Engine::Impl::SettleEarlierSteps() {
+  // Writes are queued in the order they were issued, so earlier steps' come first.
+  while (!nvme_writes.empty() && nvme_writes.front().epoch < step_epoch) {
+    STRATA_RETURN_IF_ERROR(WaitWrite(nvme_writes.front()));  // a failed one stays for WaitNvmeWrites
+    opt_staging.Give(nvme_writes.front().buf);
+    nvme_writes.pop_front();
+  }
+  return OkStatus();
+}
 
 Result<float*> Engine::Impl::TakeOptStaging() {
   if (void* p = opt_staging.TryTake()) return static_cast<float*>(p);
@@ -91,7 +113,7 @@ void Engine::Impl::ForgetFreshBuffer(void* buf) {
 
 Status Engine::Impl::WaitSlotWrites(const std::deque<NvmeWrite>& writes, SlotId slot) {
   for (const NvmeWrite& w : writes) {
-    if (w.slot == slot) STRATA_RETURN_IF_ERROR(w.Wait());
+    if (w.slot == slot) STRATA_RETURN_IF_ERROR(WaitWrite(w));
   }
   return OkStatus();
 }
@@ -137,7 +159,8 @@ Status Engine::Impl::IssueNvmeRead(int chunk, int piece) {
 void Engine::Impl::ReclaimNvmeWrites() {
   auto reclaim = [](std::deque<NvmeWrite>& writes, Pool& pool) {
     while (!writes.empty() && writes.front().handle.Poll()) {
-      if (!writes.front().Wait().ok()) return;  // kept for WaitNvmeWrites to report
+      // A failed one is kept for whoever reports it (WaitWrite there undoes its step).
+      if (!writes.front().Wait().ok()) return;
       pool.Give(writes.front().buf);
       writes.pop_front();
     }
@@ -150,14 +173,7 @@ Status Engine::Impl::WaitNvmeWrites(bool report) {
   Status first;
   auto drain = [&](std::deque<NvmeWrite>& writes, Pool& pool) {
     while (!writes.empty()) {
-      Status st = writes.front().Wait();
-      if (!st.ok() && writes.front().chunk >= 0) {
-        // The version it belonged to is lost: the chunk keeps the one it had (a pending
-        // speculation is dropped, a deferred commit cancelled).
-        OptChunk& o = opt[writes.front().chunk];
-        o.has_pending = false;
-        o.commit_deferred = false;
-      }
+      Status st = WaitWrite(writes.front());
       if (first.ok() && !st.ok() && report) first = st;
       // What never reached the disk must not be served in its place either.
       if (!st.ok()) ForgetFreshBuffer(writes.front().buf);
@@ -255,12 +271,15 @@ Status Engine::Impl::StepPieceNvme(int chunk, int piece, float grad_scale, bool 
   if (s.ok()) {
     // Written behind to the version that is not current (once an earlier write of that
     // slot, e.g. a redone step's speculation, is done).
+    // The slot holds the version before the current one; an earlier step that is not yet
+    // all on disk may still need it back (RollBackEpoch).
     const SlotId slot = o.slot[1 - o.current][piece];
-    s = WaitSlotWrites(nvme_writes, slot);
+    s = SettleEarlierSteps();
+    if (s.ok()) s = WaitSlotWrites(nvme_writes, slot);
     auto wr = s.ok() ? opt_store->Write(slot, st, PieceBytes(piece)) : Result<IoHandle>(s);
     if (wr.ok()) {
       bytes_nvme_written += PieceBytes(piece);
-      nvme_writes.push_back(NvmeWrite{*wr, st, slot, chunk, "writing optimizer state to NVMe"});
+      nvme_writes.push_back(NvmeWrite{*wr, st, slot, chunk, step_epoch, "writing optimizer state to NVMe"});
       return OkStatus();
     }
     s = wr.status();
@@ -338,7 +357,7 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
       auto pw = param_store->Write(slot, out, opt_elems * csize);
       if (pw.ok()) {
         bytes_nvme_written += opt_elems * csize;
-        param_writes.push_back(NvmeWrite{*pw, out, slot, -1, "writing parameters to NVMe"});
+        param_writes.push_back(NvmeWrite{*pw, out, slot, -1, -1, "writing parameters to NVMe"});
         SetFresh(chunk, out);
         std::lock_guard lock(param_write_mu);
         param_write_of[chunk] = *pw;
@@ -360,7 +379,7 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
     ++speculative_count;
   } else {
     o.commit_deferred = true;  // current once the writes are on disk (SettleCommit)
-    o.commit_step = step_count;
+    o.commit_epoch = step_epoch;
   }
   return OkStatus();
 }

@@ -134,7 +134,7 @@ Status Engine::Impl::CommitChunk(int chunk) {
   if (!o.has_pending) return OkStatus();
   if (opt_tier == ZeroTier::kNvme) {
     o.commit_deferred = true;  // current once its writes are on disk (SettleCommit)
-    o.commit_step = step_count;
+    o.commit_epoch = step_epoch;
   } else {
     std::lock_guard lock(spare_mu);
     spare_states.push_back(o.state);
@@ -201,7 +201,7 @@ Status Engine::Flush() {
     Status st = s.SettleCommit(c);
     if (first.ok() && !st.ok()) first = st;
   }
-  return first;
+  return s.FailBehind(first);
 }
 
 Status Engine::Impl::ReadMaster(int chunk, float* master) {
@@ -258,14 +258,23 @@ Result<StepResult> Engine::Step() {
   Impl& s = *impl_;
   STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
   STRATA_RETURN_IF_ERROR(s.CheckHooksDone());
-  // Commits record the step_count they were made at; StepOnce increments it part-way.
-  const int64_t stepping = s.step_count;
+  // Commits record the step_epoch they were made at; StepOnce moves it on at its end.
+  const int64_t stepping = s.step_epoch;
   auto r = s.StepOnce();
   if (!r.ok()) {
     s.failed_call = "Step()";
     s.AbandonStep(r.status(), stepping);
   }
   return r;
+}
+
+Status Engine::Impl::FailBehind(Status st) {
+  if (st.ok() || !failed.ok()) return st;
+  failed = st;
+  failed_call = "write behind Step()";
+  STRATA_LOG(kError, "engine") << "a write behind Step() failed; the step it belonged to is undone: "
+                               << st.ToString();
+  return st;
 }
 
 Status Engine::Impl::RefuseAfterFailure() const {
@@ -284,7 +293,7 @@ Status Engine::Impl::FailHook(Status st, std::string_view hook, int module) {
   // Speculation during the backward commits nothing (StepOnce does, before it moves the
   // step count): AbandonStep drops the pending results, and the commits at the current
   // count, none yet, stay untouched.
-  AbandonStep(st, step_count);
+  AbandonStep(st, step_epoch);
   return st;
 }
 
@@ -312,10 +321,8 @@ void Engine::Impl::AbandonStep(const Status& why, int64_t stepping) {
     // A write of the step before this one that failed now is a result lost as well.
     Status lost = WaitNvmeWrites();
     if (!lost.ok()) STRATA_LOG(kError, "engine") << "after the failed step: " << lost.ToString();
-    for (auto& o : opt) {
-      if (o.commit_deferred && o.commit_step == stepping) o.commit_deferred = false;  // this step's
-      o.has_pending = false;
-    }
+    RollBackEpoch(stepping);  // this step's commits
+    for (auto& o : opt) o.has_pending = false;
   }
   in_micro_batch = false;
 }
@@ -446,6 +453,7 @@ Result<StepResult> Engine::Impl::StepOnce() {
   r.bytes_comm = s.bytes_comm.exchange(0);
   r.device_high_water = s.device->high_water();
   r.host_high_water = s.arena ? s.arena->high_water() : 0;
+  ++s.step_epoch;
   return r;
 }
 
@@ -462,7 +470,7 @@ Status Engine::GatherMaster(int module, int tensor, std::vector<float>* out) {
       // A reduction that failed leaves the window without its gradients, as in a hook.
       STRATA_RETURN_IF_ERROR(s.FailHook(s.WaitReduces(), "GatherMaster", module));
       s.opt_worker.Drain();
-      STRATA_RETURN_IF_ERROR(s.WaitNvmeWrites(/*report=*/s.failed.ok()));
+      STRATA_RETURN_IF_ERROR(s.FailBehind(s.WaitNvmeWrites(/*report=*/s.failed.ok())));
       STRATA_RETURN_IF_ERROR(s.ReadMaster(t.chunk, full.data() + s.opt_offset));
     } else {
       STRATA_RETURN_IF_ERROR(s.OpsOn(s.opt_tier).ReadToHost(zero::OpsLane::kTraining, full.data() + s.opt_offset,

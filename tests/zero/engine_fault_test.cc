@@ -4,8 +4,8 @@
 // GatherMaster reads a whole step: exactly the last one that succeeded with the
 // optimizer on NVMe, the failed one when only its parameter writes failed with the
 // optimizer in memory. A write that fails after Step() returned (writes behind cross
-// into the next forward) is reported by the next call; it loses that chunk's step only
-// (commits are per chunk, not per step: known).
+// into the next forward) is reported by the next call that waits for it, ends training
+// too, and undoes its whole step on every chunk.
 
 #include <atomic>
 #include <cerrno>
@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <future>
 #include <memory>
+#include <set>
 
 #include "engine_harness.h"
 #include "single_world.h"
@@ -22,24 +23,27 @@
 namespace strata::testing {
 namespace {
 
-// Lets `skip` NVMe reads or writes (`op`) through once armed, then fails every later one
-// with EIO.
+// Lets `skip` NVMe reads or writes (`op`) through once armed, then fails the next `count`
+// with EIO (every later one by default).
 class FailIoAfter : public IoFaultHook {
  public:
   explicit FailIoAfter(IoOp op) : op_(op) {}
-  void Arm(int64_t skip) {
+  void Arm(int64_t skip, int64_t count) {
     skip_ = skip;
+    count_ = count;
     armed_ = true;
   }
   int64_t OnResult(const IoFaultPoint& point, int64_t result) override {
     if (!armed_ || point.op != op_) return result;
-    return skip_.fetch_sub(1) > 0 ? result : -EIO;
+    const int64_t n = seen_.fetch_add(1);
+    return n < skip_ || n - skip_ >= count_ ? result : -EIO;
   }
+  int64_t seen() const { return seen_.load(); }  // matching attempts since armed
 
  private:
   const IoOp op_;
   std::atomic<bool> armed_{false};
-  std::atomic<int64_t> skip_{0};
+  std::atomic<int64_t> skip_{0}, count_{INT64_MAX}, seen_{0};
 };
 
 struct FaultyRun {
@@ -50,11 +54,13 @@ struct FaultyRun {
   Status after;              // BeginMicroBatch once Step() failed
   Status gathered;           // GatherMaster afterwards
   std::vector<std::vector<std::vector<float>>> params;
+  int64_t ops_seen = 0;      // reads or writes (op) of the faulty step, failed or not
 };
 
-// `steps` clean steps, then one whose NVMe reads or writes (`op`) fail with EIO after the
-// first `skip`; then the master.
-FaultyRun TrainThenFail(const Config& config, zero::TrainSpec spec, IoOp op, int64_t skip) {
+// `steps` clean steps, then `faulty_steps` whose NVMe reads or writes (`op`) fail with EIO
+// after the first `skip` (`count` of them); then the master.
+FaultyRun TrainThenFail(const Config& config, zero::TrainSpec spec, IoOp op, int64_t skip,
+                        int64_t count = INT64_MAX, int faulty_steps = 1) {
   FaultyRun r;
   auto dev = EngineDevice(config);
   if (!dev.ok()) {
@@ -74,11 +80,12 @@ FaultyRun TrainThenFail(const Config& config, zero::TrainSpec spec, IoOp op, int
   auto log = zero::TrainWithEngine(**engine, World(), config, spec);
   r.trained = log.ok() ? (*engine)->Flush() : log.status();
   if (!r.trained.ok()) return r;
-  faults->Arm(skip);
+  faults->Arm(skip, count);
   zero::TrainSpec one = spec;
-  one.steps = 1;
+  one.steps = faulty_steps;
   auto failed = zero::TrainWithEngine(**engine, World(), config, one);
   r.failed = failed.ok() ? (*engine)->Flush() : failed.status();
+  r.ops_seen = faults->seen();
   if (!r.failed.ok()) {
     // The trainer flushes after its last step: a failure there came from a write the
     // step had left behind. Otherwise the engine trains no more, and says why.
@@ -116,8 +123,9 @@ FaultyRun TrainThenFail(const Config& config, zero::TrainSpec spec, IoOp op, int
 // TrainThenFail, but a hang (a lost completion) ends the test at once instead of at
 // ctest's timeout.
 FaultyRun TrainThenFailOrExit(const std::string& what, const Config& config, const zero::TrainSpec& spec, IoOp op,
-                              int64_t skip) {
-  auto run = std::async(std::launch::async, [&] { return TrainThenFail(config, spec, op, skip); });
+                              int64_t skip, int64_t count = INT64_MAX, int faulty_steps = 1) {
+  auto run =
+      std::async(std::launch::async, [&] { return TrainThenFail(config, spec, op, skip, count, faulty_steps); });
   if (run.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
     std::fprintf(stderr, "%s: no progress in 120 s after the faults (hang)\n", what.c_str());
     std::_Exit(1);
@@ -155,32 +163,36 @@ TEST(EngineFault, FailedNvmeWritesFailTheStepAndLoseNothing) {
         ASSERT_TRUE(r.gathered.ok()) << what
                                      << ": reading the master after the failure: " << r.gathered.ToString();
         // Without overlap every chunk's writes are waited for inside Step(), or (gradients
-        // on NVMe) in the backward's hooks: either failure ends training.
+        // on NVMe) in the backward's hooks. With overlap a write behind Step() can fail
+        // after it returned, seen by the trainer's Flush. Every failure ends training.
         const bool must_fail_in_step = std::string(extra) != "{}";
+        const bool behind = r.after.ToString().find("an earlier write behind Step() failed") != std::string::npos;
+        EXPECT_TRUE(r.step_failed) << what << ": expected the engine to refuse after the failure; then "
+                                   << r.after.ToString();
         if (must_fail_in_step) {
-          EXPECT_TRUE(r.step_failed) << what << ": expected Step() or a hook to fail and refuse after; then "
-                                     << r.after.ToString();
+          EXPECT_FALSE(behind) << what << ": " << r.after.ToString();
         }
         hook_failures += r.hook_failed;
-        if (!r.step_failed) continue;  // a write after Step() returned: per chunk (see the top)
         if (!in_memory) {
-          kept_checked += must_fail_in_step;
+          // The failed step is undone on every chunk, wherever its failure was seen.
+          kept_checked++;
           EXPECT_TRUE(r.params == clean.params) << what << ": the failed step changed the committed parameters";
           continue;
         }
         // The optimizer in host memory: overlapped, the failed writes were the speculative
-        // steps' and nothing was committed; serial, the state is updated in place, and the
-        // step completes its update without writing the parameters: a whole step either way.
+        // steps' and nothing was committed, or parameter writes behind a step that had
+        // completed; serial, the state is updated in place, and the step completes its
+        // update without writing the parameters: a whole step either way.
         whole_checked++;
-        EXPECT_TRUE(r.params == (must_fail_in_step ? stepped.params : clean.params))
+        EXPECT_TRUE(r.params == (must_fail_in_step || behind ? stepped.params : clean.params))
             << what << ": the master after the failed step is not a whole step";
       }
     }
   }
-  EXPECT_EQ(kept_checked, 9) << "the serial runs with the optimizer on NVMe (3 combinations x 3 fault points) "
-                                "must all reach the committed-master check";
-  EXPECT_GE(whole_checked, 6) << "the serial runs with the optimizer in memory (2 tiers x 3 fault points) must "
-                                 "reach the whole-step check";
+  EXPECT_EQ(kept_checked, 18) << "the runs with the optimizer on NVMe (3 combinations x 2 x 3 fault points) "
+                                 "must all reach the committed-master check";
+  EXPECT_EQ(whole_checked, 12) << "the runs with the optimizer in memory (2 tiers x 2 x 3 fault points) must "
+                                  "reach the whole-step check";
   std::printf("failures reported by a hook: %d; whole-step checks: %d\n", hook_failures, whole_checked);
 }
 
@@ -205,6 +217,67 @@ TEST(EngineFault, FailedHookEndsTrainingAndLosesNothing) {
       EXPECT_TRUE(r.params == clean.params) << what << ": the failed forward changed the parameters";
     }
   }
+}
+
+// One write of the faulty step fails, early or late: with writes behind, late ones fail
+// after Step() returned, when the other chunks' writes of the step are on disk. The
+// master must still be a whole step (before, the chunk whose write failed kept the step
+// before and the others moved on), the failure must be reported, and the engine must
+// refuse to train on.
+TEST(EngineFault, OneLostWriteLosesTheWholeStep) {
+  zero::TrainSpec spec = SmallSpec(3);
+  int rolled_back = 0;  // runs whose master went back to the step before the faulty one
+  int behind = 0;       // runs whose failure was first seen after Step() returned
+  int next_step_checked = 0;
+  for (const Combo& c : {Combo{3, "nvme", "none"}, Combo{3, "nvme", "nvme"},
+                         Combo{3, "nvme", "cpu", "auto", kPiecedSubGroup}}) {
+    for (const char* extra : {"{}", R"({"strata": {"overlap": false}})"}) {
+      const Config config = MakeConfig(c, extra);
+      EngineRun clean = RunEngine(World(), config, spec);
+      ASSERT_TRUE(clean.status.ok()) << ComboName(c) << ": " << clean.status.ToString();
+      // The same engine through the faulty step with no fault: the master one step on,
+      // and how many writes the step makes.
+      FaultyRun stepped = TrainThenFailOrExit(ComboName(c) + " no faults", config, spec, IoOp::kWrite, INT64_MAX);
+      ASSERT_TRUE(stepped.failed.ok() && stepped.gathered.ok()) << stepped.failed.ToString();
+      ASSERT_FALSE(stepped.params == clean.params) << "the step changed nothing";
+      const int64_t writes = stepped.ops_seen;
+      ASSERT_GE(writes, 3) << ComboName(c);
+      for (int64_t j : std::set<int64_t>{0, writes / 2, writes - 2, writes - 1}) {
+        const std::string what = ComboName(c) + " " + extra + ", write " + std::to_string(j) + " of " +
+                                 std::to_string(writes) + " failing";
+        FaultyRun r = TrainThenFailOrExit(what, config, spec, IoOp::kWrite, j, /*count=*/1);
+        ASSERT_TRUE(r.trained.ok()) << what << ": " << r.trained.ToString();
+        ASSERT_FALSE(r.failed.ok()) << what << ": a write failed and nothing said so";
+        EXPECT_EQ(r.failed.code(), StatusCode::kIoError) << what << ": " << r.failed.ToString();
+        EXPECT_TRUE(r.step_failed) << what << ": the engine trains on after losing a write: " << r.after.ToString();
+        ASSERT_TRUE(r.gathered.ok()) << what << ": reading the master after the failure: " << r.gathered.ToString();
+        const bool before = r.params == clean.params, after = r.params == stepped.params;
+        EXPECT_TRUE(before || after) << what << ": the master is a mix of two steps";
+        rolled_back += before;
+        behind += r.after.ToString().find("an earlier write behind Step() failed") != std::string::npos;
+      }
+      // The step's last write fails while the next step runs: that step must not write
+      // over the versions the lost step may need back (its speculation would otherwise
+      // land in the slots the rollback returns to), and it cannot commit.
+      const std::string what = ComboName(c) + " " + extra + ", last write failing, one more step";
+      FaultyRun r = TrainThenFailOrExit(what, config, spec, IoOp::kWrite, writes - 1, /*count=*/1,
+                                        /*faulty_steps=*/2);
+      ASSERT_TRUE(r.trained.ok()) << what << ": " << r.trained.ToString();
+      EXPECT_EQ(r.failed.code(), StatusCode::kIoError) << what << ": " << r.failed.ToString();
+      EXPECT_TRUE(r.step_failed) << what << ": " << r.after.ToString();
+      ASSERT_TRUE(r.gathered.ok()) << what << ": " << r.gathered.ToString();
+      // With parameters on NVMe the last write may be a parameter shard's, which loses no
+      // optimizer state: the master is then the faulty step's own.
+      const bool before = r.params == clean.params, after = r.params == stepped.params;
+      EXPECT_TRUE(before || (after && std::string(c.param) == "nvme")) << what << ": the master is not a whole step";
+      next_step_checked++;
+      rolled_back += before;
+    }
+  }
+  std::printf("rolled back: %d; failures seen after Step() returned: %d\n", rolled_back, behind);
+  EXPECT_GT(rolled_back, 0) << "no run lost an optimizer state write";
+  EXPECT_GT(behind, 0) << "no write failed after Step() returned: the case this test is for was not reached";
+  EXPECT_EQ(next_step_checked, 6);
 }
 
 }  // namespace
