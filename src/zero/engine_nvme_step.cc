@@ -35,7 +35,7 @@ Status Engine::Impl::WaitWrite(const NvmeWrite& w) {
 
 void Engine::Impl::RollBackEpoch(int64_t epoch) {
   for (OptChunk& o : opt) {
-    if (o.commit_epoch != epoch || epoch < 0) continue;
+    if (epoch < 0 || o.commit_epoch != epoch) continue;
     if (!o.commit_deferred) o.current = 1 - o.current;
     o.commit_deferred = false;
     o.commit_epoch = -1;
@@ -270,9 +270,9 @@ Status Engine::Impl::StepPieceNvme(int chunk, int piece, float grad_scale, bool 
   }
   if (s.ok()) {
     // Written behind to the version that is not current (once an earlier write of that
-    // slot, e.g. a redone step's speculation, is done).
-    // The slot holds the version before the current one; an earlier step that is not yet
-    // all on disk may still need it back (RollBackEpoch).
+    // slot, e.g. a redone step's speculation, is done). That slot holds the version
+    // before the current one, which an earlier step not yet all on disk would need back
+    // if one of its writes failed (RollBackEpoch): those writes go first.
     const SlotId slot = o.slot[1 - o.current][piece];
     s = SettleEarlierSteps();
     if (s.ok()) s = WaitSlotWrites(nvme_writes, slot);

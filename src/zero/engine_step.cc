@@ -291,8 +291,8 @@ Status Engine::Impl::FailHook(Status st, std::string_view hook, int module) {
   // collectives run, which a failed peer may never do.
   STRATA_LOG(kError, "engine") << failed_call << " failed, abandoning the step: " << st.ToString();
   // Speculation during the backward commits nothing (StepOnce does, before it moves the
-  // step count): AbandonStep drops the pending results, and the commits at the current
-  // count, none yet, stay untouched.
+  // step epoch on): AbandonStep drops the pending results; the current epoch has no
+  // commits yet to roll back.
   AbandonStep(st, step_epoch);
   return st;
 }
