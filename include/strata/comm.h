@@ -139,6 +139,17 @@ class Communicator {
   // Copies in stream order with this communicator's collectives (host: at once).
   virtual Status CopyBuffer(void* dst, const void* src, size_t bytes) = 0;
 
+  // Tells the peers that this rank has failed and will issue no more collectives here,
+  // with `what` (the first 255 bytes are shown): a collective a peer on this node is
+  // waiting in, or starts later, ends within about a millisecond with Aborted
+  // ("... abandoned: rank 1 failed: <what>") instead of at the watchdog's limit, and the
+  // communicator is failed for good on every rank, this one included (its own queued
+  // collectives end with Aborted, so waiting for them cannot hang). As after the
+  // watchdog, the job should then end (AbortWorld). Any thread; only the first call
+  // counts. MPI: through the watch board, so peers on other nodes are not told. NCCL
+  // and a communicator of one rank: nothing.
+  virtual void PostFailure(std::string_view what) { (void)what; }
+
  protected:
   Communicator() = default;
 };

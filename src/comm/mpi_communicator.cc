@@ -70,6 +70,15 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, int rank, int size, const CommOp
     return running_op_ != nullptr ? Watchdog(running_op_->seq, running_op_->What())
                                   : DeadlineExceededError("collective on '" + options_.name + "' timed out");
   };
+  ctx_.on_peer_failure = [this]() -> Status {
+    std::string failed = board_.FailedRank();
+    if (failed.empty()) return OkStatus();
+    return AbortedError("collective " +
+                        (running_op_ != nullptr ? "#" + std::to_string(running_op_->seq) + " " + running_op_->What()
+                                                : std::string()) +
+                        " on communicator '" + options_.name + "' (rank " + std::to_string(rank_) +
+                        ") abandoned: " + failed + "; it joins no more collectives, end the job");
+  };
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -238,6 +247,13 @@ void MpiCommunicator::WorkerLoop() {
     RunQueued(nullptr);
     lock.lock();
   }
+}
+
+void MpiCommunicator::PostFailure(std::string_view what) {
+  if (size_ == 1) return;
+  board_.PostFailure(what);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed_.ok()) failed_ = AbortedError("this rank posted its failure: " + std::string(what));
 }
 
 Status MpiCommunicator::Watchdog(uint64_t seq, const std::string& what) {

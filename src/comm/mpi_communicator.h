@@ -49,6 +49,9 @@ class MpiContext {
   std::byte* Staging(size_t bytes);
 
   std::function<Status()> on_deadline;  // builds the watchdog Status (set by the worker)
+  // Checked between polls (about once a millisecond): a failure a rank posted on the
+  // watch board (Communicator::PostFailure) as a non-OK Status, which ends the wait.
+  std::function<Status()> on_peer_failure;
   double deadline_s = 0;                // steady-clock seconds
   // The collective being run. Its functions read counts and dtype from here, so that
   // they capture no more than two pointers and std::function stores them without
@@ -106,6 +109,7 @@ class MpiCommunicator final : public Communicator {
   Result<void*> AllocateBuffer(size_t bytes) override;
   void FreeBuffer(void* p) override;
   Status CopyBuffer(void* dst, const void* src, size_t bytes) override;
+  void PostFailure(std::string_view what) override;
 
  private:
   class Op;

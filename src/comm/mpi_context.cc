@@ -21,6 +21,7 @@ Status MpiContext::WaitAll(std::vector<MPI_Request>& reqs, size_t n_recv) {
   // whole slice (on a busy 2-core machine, 1 MiB all-gathers took 3x as long). Past
   // it, yield between polls: ranks may outnumber cores (mpirun --oversubscribe).
   const double spin_until = NowS() + kSpinS;
+  double next_peer_check = 0;
   int spins = 0;
   for (;;) {
     int done = 0;
@@ -33,6 +34,16 @@ Status MpiContext::WaitAll(std::vector<MPI_Request>& reqs, size_t n_recv) {
     if (now > deadline_s) {
       Abandon(reqs, n_recv);
       return on_deadline ? on_deadline() : DeadlineExceededError("collective timed out");
+    }
+    // A rank that posted its failure will not join: stop waiting for it now. Plain loads
+    // of the board, once a millisecond.
+    if (on_peer_failure && now >= next_peer_check) {
+      next_peer_check = now + 1e-3;
+      Status failed = on_peer_failure();
+      if (!failed.ok()) {
+        Abandon(reqs, n_recv);
+        return failed;
+      }
     }
     if (now > spin_until) std::this_thread::yield();
   }

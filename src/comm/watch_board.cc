@@ -1,8 +1,10 @@
 #include "comm/watch_board.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <new>
 
 #include "comm/mpi_util.h"
@@ -117,6 +119,44 @@ void WatchBoard::Enter(uint64_t seq) {
 
 void WatchBoard::Finish(uint64_t seq) {
   if (mine_ != nullptr) mine_->finished.store(seq, std::memory_order_release);
+}
+
+void WatchBoard::PostFailure(std::string_view what) {
+  if (mine_ == nullptr || posted_.exchange(true)) return;
+  char text[sizeof(Slot::failure)] = {};
+  std::memcpy(text, what.data(), std::min(what.size(), sizeof(text) - 1));
+  for (size_t i = 0; i < std::size(mine_->failure); ++i) {
+    uint64_t w;
+    std::memcpy(&w, text + 8 * i, 8);
+    mine_->failure[i].store(w, std::memory_order_relaxed);
+  }
+  // CLOCK_MONOTONIC is one clock for every process of the node, so the peers can tell
+  // which failure came first.
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch())
+                      .count();
+  mine_->failed.store(std::max<uint64_t>(1, static_cast<uint64_t>(ns)), std::memory_order_release);
+}
+
+std::string WatchBoard::FailedRank() const {
+  size_t first = by_comm_rank_.size();
+  uint64_t first_ns = UINT64_MAX;
+  for (size_t r = 0; r < by_comm_rank_.size(); ++r) {
+    const Slot* s = by_comm_rank_[r];
+    const uint64_t ns = s == nullptr ? 0 : s->failed.load(std::memory_order_acquire);
+    if (ns != 0 && ns < first_ns) {
+      first = r;
+      first_ns = ns;
+    }
+  }
+  if (first == by_comm_rank_.size()) return "";
+  const Slot* s = by_comm_rank_[first];
+  char text[sizeof(Slot::failure) + 1] = {};
+  for (size_t i = 0; i < std::size(s->failure); ++i) {
+    uint64_t w = s->failure[i].load(std::memory_order_relaxed);
+    std::memcpy(text + 8 * i, &w, 8);
+  }
+  return "rank " + std::to_string(first) + " failed: " + text;
 }
 
 std::string WatchBoard::Report() const {

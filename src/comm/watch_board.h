@@ -2,6 +2,9 @@
 // the ranks of this node (MPI_Win_allocate_shared), so that a rank's watchdog can read
 // its peers' progress with plain loads: no MPI call, so a peer that is stuck or asleep
 // cannot block the report. Ranks on other nodes are not visible.
+// A rank that has failed and will join no more collectives posts that here too
+// (PostFailure), so that its peers stop waiting for it at once instead of at the
+// watchdog's limit.
 #pragma once
 
 #include <mpi.h>
@@ -37,6 +40,15 @@ class WatchBoard {
   // One line per rank of the communicator: "rank 1: last entered #3 Barrier (finished)".
   std::string Report() const;
 
+  // Any thread; the first call only: tells this node's ranks that this rank failed and
+  // will join no more collectives, with `what` (its first 255 bytes).
+  void PostFailure(std::string_view what);
+  // The rank of the communicator on this node (this one included) that posted a failure
+  // first, as "rank 1 failed: <what>"; empty when none did. A failure is often followed
+  // by the peers' own (their collectives with it end), so the first is the cause. Plain
+  // loads, any thread.
+  std::string FailedRank() const;
+
  private:
   // Each slot has cache lines of its own: the window places the ranks' slots next to
   // each other, and the owner writes its slot on every collective while the peer
@@ -46,11 +58,14 @@ class WatchBoard {
     std::atomic<uint64_t> entered;  // 0: nothing entered yet
     std::atomic<uint64_t> finished;
     std::atomic<uint64_t> what[8];  // NUL-padded text, 64 bytes
+    std::atomic<uint64_t> failed;      // steady-clock ns of the rank's failure, once posted (after its text)
+    std::atomic<uint64_t> failure[32];  // NUL-padded text, 256 bytes; written once
   };
   MPI_Comm node_comm_ = MPI_COMM_NULL;
   MPI_Win win_ = MPI_WIN_NULL;
   Slot* mine_ = nullptr;
   std::vector<Slot*> by_comm_rank_;  // nullptr: another node
+  std::atomic<bool> posted_{false};
 };
 
 }  // namespace strata::comm

@@ -72,6 +72,10 @@ struct Engine::Impl {
   // reduction, a kernel): abandons the step as a failed Step() does, so no later Step()
   // applies partial gradients. Returns `st`.
   Status FailHook(Status st, std::string_view hook, int module);
+  // Posts this rank's failure on the world communicator (Communicator::PostFailure):
+  // the peers' collectives, which this rank will no longer join, end at once instead of
+  // at the watchdog's limit, naming `failed_call` and `failed`.
+  void TellPeers();
   // A write error that Flush or GatherMaster saw after Step() returned (WaitWrite has
   // rolled the step back): the engine trains no more, as after a failed Step(). Training
   // thread only. Returns `st`.

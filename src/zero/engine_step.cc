@@ -268,10 +268,15 @@ Result<StepResult> Engine::Step() {
   return r;
 }
 
+void Engine::Impl::TellPeers() {
+  if (world != nullptr && world->size() > 1) world->PostFailure(failed_call + " failed (" + failed.ToString() + ")");
+}
+
 Status Engine::Impl::FailBehind(Status st) {
   if (st.ok() || !failed.ok()) return st;
   failed = st;
   failed_call = "write behind Step()";
+  TellPeers();
   STRATA_LOG(kError, "engine") << "a write behind Step() failed; the step it belonged to is undone: "
                                << st.ToString();
   return st;
@@ -299,6 +304,7 @@ Status Engine::Impl::FailHook(Status st, std::string_view hook, int module) {
 
 void Engine::Impl::AbandonStep(const Status& why, int64_t stepping) {
   failed = why;
+  TellPeers();  // before the waits below, which may need the peers' collectives
   // Reductions still queued would go on writing gradient shards and speculating. Their
   // errors are this failure's consequences: the first one was reported.
   (void)WaitReduces();

@@ -102,6 +102,40 @@ TEST(Consistency, MismatchNamesTheFirstDifferingKeyOnEveryRank) {
   EXPECT_TRUE(c->Barrier().Wait().ok());
 }
 
+// A rank that fails and posts it ends its peers' wait at once, not at the watchdog's
+// limit (60 s here), naming itself and why; the communicator is then failed everywhere.
+TEST(Watchdog, APostedFailureEndsThePeersWaitAtOnce) {
+  auto control = MakeWorld("control", 60);
+  auto c = MakeWorld("watched", 60);
+  const int failing = c->size() - 1;
+  ASSERT_TRUE(c->Barrier().Wait().ok());  // #1, everyone
+  if (c->rank() == failing) {
+    c->PostFailure("BeforeForward(2) failed (IoError: the disk went away)");
+    // Its own later collectives end at once, without entering MPI.
+    Status own = c->Barrier().Wait();
+    EXPECT_EQ(own.code(), StatusCode::kAborted) << own.ToString();
+    EXPECT_NE(own.message().find("this rank posted its failure"), std::string::npos) << own.ToString();
+  } else {
+    std::vector<float> buf(64, 1.0f);
+    auto t0 = std::chrono::steady_clock::now();
+    Status s = c->AllReduce(buf.data(), buf.data(), buf.size(), DType::kF32, ReduceOp::kSum).Wait();  // #2
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(s.code(), StatusCode::kAborted) << s.ToString();
+    EXPECT_LT(waited, 10.0) << "ended by the watchdog (60 s), not by the posted failure";
+    const std::string& m = s.message();
+    EXPECT_NE(m.find("#2 AllReduce f32 x64"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank " + std::to_string(failing) + " failed: BeforeForward(2) failed (IoError: the disk "
+                     "went away)"),
+              std::string::npos)
+        << m;
+    Status later = c->Barrier().Wait();
+    EXPECT_EQ(later.code(), StatusCode::kAborted) << later.ToString();
+  }
+  ASSERT_TRUE(control->Barrier().Wait().ok());
+  c.reset();
+  EXPECT_TRUE(control->Barrier().Wait().ok());
+}
+
 TEST(Consistency, LayoutArraysCompareByIndex) {
   auto c = MakeWorld("consistency", 30);
   nlohmann::json layout = {

@@ -1,6 +1,10 @@
 // The engine against the reference under mpirun -np 2 and -np 4 (label mpi).
+#include <cerrno>
+#include <chrono>
+
 #include "engine_checks.h"
 #include "fake_gpu.h"
+#include "tiering/io_fault.h"
 
 namespace strata::testing {
 namespace {
@@ -23,6 +27,50 @@ TEST(EngineMpi, AccumulationEqualsLargerBatch) { CheckAccumulation(World()); }
 TEST(EngineMpi, ClippingMatchesTheReference) { CheckClipping(World()); }
 TEST(EngineMpi, Fp16OverflowStepsAreSkippedAsInTheReference) { CheckFp16Overflow(World()); }
 TEST(EngineMpi, Bf16MatchesTheReference) { CheckBf16(World()); }
+
+// A rank whose parameter reads fail abandons its step and joins no more collectives. It
+// tells the others, so every rank's training ends within seconds, not at the engine
+// communicator's watchdog (120 s), and each names the failed rank and its error.
+TEST(EngineMpi, ARankThatFailsEndsEveryRanksTrainingAtOnce) {
+  auto engine_world = InitWorld(CommOptions{"engine-world", 120});
+  ASSERT_TRUE(engine_world.ok()) << engine_world.status().ToString();
+  Communicator& comm = **engine_world;
+  const int failing = comm.size() - 1;
+  zero::TrainSpec spec = SmallSpec(2);
+  const Config config = MakeConfig({3, "cpu", "nvme"});
+  auto dev = EngineDevice(config);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  auto modules = model::MlpModules(spec.model);
+  ParamInit init = MlpInit(spec);
+  EngineResources res{&comm, dev->get()};
+  if (comm.rank() == failing) {
+    auto faults = std::make_shared<ScriptedFaults>();
+    faults->Add({ScriptedFaults::Kind::kError, EIO, /*attempt=*/-1, /*offset=*/-1, /*op=*/0, /*times=*/-1});
+    res.io_fault_hook = faults;
+  }
+  Status trained;
+  double took = 0;
+  {
+    auto engine = Engine::Create(config, modules, init, res);
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    auto t0 = std::chrono::steady_clock::now();
+    auto log = zero::TrainWithEngine(**engine, comm, config, spec);
+    took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    trained = log.status();
+  }
+  EXPECT_FALSE(trained.ok()) << "rank " << comm.rank() << " trained on";
+  EXPECT_LT(took, 30.0) << "rank " << comm.rank() << ": " << trained.ToString();
+  if (comm.rank() == failing) {
+    EXPECT_EQ(trained.code(), StatusCode::kIoError) << trained.ToString();
+  } else {
+    EXPECT_NE(trained.message().find("rank " + std::to_string(failing) + " failed: BeforeForward("), std::string::npos)
+        << trained.ToString();
+  }
+  // Everyone meets on the healthy world, then frees the failed communicator together.
+  ASSERT_TRUE(World().Barrier().Wait().ok());
+  engine_world->reset();
+  EXPECT_TRUE(World().Barrier().Wait().ok());
+}
 
 // Each gather is a collective, so every rank must gather, keep and release the same
 // chunks. A rank with more device room than the others plans with the least any rank
