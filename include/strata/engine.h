@@ -179,8 +179,8 @@ class Engine : public model::MlpHooks {
   // that failed to read, a reduction that failed) leaves the engine failed as a failed
   // Step() does (below): every later hook, BeginMicroBatch and Step return
   // FailedPrecondition naming the hook and the error, so no step applies an
-  // incomplete window's gradients. With several ranks, a rank whose engine fails (here,
-  // in Step() or in a write behind it) posts that on the world communicator
+  // incomplete window's gradients. With several ranks, a rank whose engine fails (in a
+  // hook, in Step() or in a write behind Step()) posts that on the world communicator
   // (Communicator::PostFailure): the other ranks' collectives end at once with Aborted
   // naming it, their engines fail the same way, and the world is then failed for good
   // (end the job; GatherMaster, a collective, no longer works there).
