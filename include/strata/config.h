@@ -117,6 +117,11 @@ struct Config {
   uint64_t seed = 1234;
 };
 
+// The swap directories of a store kept for `offload` (the optimizer's or the
+// parameters'): its nvme_path, else strata.swap_paths. One rule for the engine's stores
+// and for the tools that measure their disk.
+const std::vector<std::string>& SwapPaths(const Config& config, const OffloadConfig& offload);
+
 // Parses and validates a configuration document.
 Result<Config> ParseConfig(const nlohmann::json& doc);
 Result<Config> ParseConfigText(std::string_view json_text);

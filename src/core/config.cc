@@ -21,6 +21,10 @@ std::string_view OffloadDeviceName(OffloadDevice d) {
   }
   return "?";
 }
+const std::vector<std::string>& SwapPaths(const Config& config, const OffloadConfig& offload) {
+  return !offload.nvme_path.empty() ? offload.nvme_path : config.strata.swap_paths;
+}
+
 std::string_view DeviceKindName(DeviceKind k) {
   switch (k) {
     case DeviceKind::kAuto: return "auto";

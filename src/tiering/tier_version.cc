@@ -59,10 +59,11 @@ Status TierManager::BeginVersion(std::span<const BlockId> blocks) {
     mv.bytes = b->alloc;
     c.readers++;
     n.writing[static_cast<size_t>(target)] = true;
-    b->evict_error[1] = OkStatus();  // the host copy's write
+    const size_t host = static_cast<size_t>(tiering::TierIndex(Tier::kHost));
+    b->evict_error[host] = OkStatus();  // the host copy's write
     m.Launch(std::move(mv));
     m.cv.wait(lock, [&] { return !n.writing[static_cast<size_t>(target)]; });
-    Status written = b->evict_error[1];
+    Status written = b->evict_error[host];
     bool durable = n.committed_version == b->version;
     if (durable) b->speculating = true;
     lock.unlock();

@@ -613,16 +613,13 @@ Status Engine::Impl::AllocateMemory() {
     IoBufferRegion region{arena->base(), arena->size()};
     Status reg = io->RegisterBuffers({&region, 1});
     if (!reg.ok()) STRATA_LOG(kWarn, "engine") << "I/O without fixed buffers: " << reg.ToString();
-    auto paths = [&](const OffloadConfig& o) {
-      return !o.nvme_path.empty() ? o.nvme_path : config.strata.swap_paths;
-    };
     if (config.strata.nvme_budget && nvme > config.strata.nvme_budget) {
       return OutOfBudgetError("engine: the NVMe tier needs " + FormatBytes(nvme) + " and strata.nvme_budget is " +
                               FormatBytes(config.strata.nvme_budget) + "; raise it or use more ranks");
     }
     if (opt_tier == ZeroTier::kNvme) {
       NvmeStoreOptions so;
-      so.paths = paths(config.zero.offload_optimizer);
+      so.paths = SwapPaths(config, config.zero.offload_optimizer);
       so.name = "strata-optim-r" + std::to_string(rank);
       so.slot_size = opt_set_bytes;
       so.slot_count = 2 * n_chunks * pieces;
@@ -640,7 +637,7 @@ Status Engine::Impl::AllocateMemory() {
     if (grad_tier == ZeroTier::kNvme) STRATA_RETURN_IF_ERROR(OpenGradStore());
     if (param_tier == ZeroTier::kNvme) {
       NvmeStoreOptions so;
-      so.paths = paths(config.zero.offload_param);
+      so.paths = SwapPaths(config, config.zero.offload_param);
       so.name = "strata-param-r" + std::to_string(rank);
       so.slot_size = Align4K(shard16);
       so.slot_count = n_chunks;

@@ -23,8 +23,7 @@ namespace strata {
 
 Status Engine::Impl::OpenGradStore() {
   NvmeStoreOptions so;
-  const OffloadConfig& o = config.zero.offload_optimizer;
-  so.paths = !o.nvme_path.empty() ? o.nvme_path : config.strata.swap_paths;
+  so.paths = SwapPaths(config, config.zero.offload_optimizer);
   so.name = "strata-grad-r" + std::to_string(rank);
   so.slot_size = grad_slot_bytes;
   so.slot_count = layout.num_chunks;

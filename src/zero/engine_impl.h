@@ -64,18 +64,18 @@ struct Engine::Impl {
   Status failed;
   std::string failed_call;
   Result<StepResult> StepOnce();
-  // After a failed Step() or hook: waits for what it left in flight and, with the
-  // optimizer on NVMe, cancels what the step had committed, so the master stays the one
-  // of the last Step() that succeeded.
-  void AbandonStep(const Status& why, int64_t stepping);
+  // After a failed Step() or hook (`call` names it): marks the engine failed, waits for
+  // what the step left in flight and, with the optimizer on NVMe, cancels what it had
+  // committed, so the master stays the one of the last Step() that succeeded.
+  void AbandonStep(const Status& why, std::string call, int64_t stepping);
   // A hook's error that may have left the accumulation window incomplete (a gather, a
   // reduction, a kernel): abandons the step as a failed Step() does, so no later Step()
   // applies partial gradients. Returns `st`.
   Status FailHook(Status st, std::string_view hook, int module);
-  // Posts this rank's failure on the world communicator (Communicator::PostFailure):
-  // the peers' collectives, which this rank will no longer join, end at once instead of
-  // at the watchdog's limit, naming `failed_call` and `failed`.
-  void TellPeers();
+  // Sets `failed` and `failed_call` and posts them on the world communicator
+  // (Communicator::PostFailure): the peers' collectives, which this rank will no longer
+  // join, end at once instead of at the watchdog's limit.
+  void MarkFailed(const Status& why, std::string call);
   // A write error that Flush or GatherMaster saw after Step() returned (WaitWrite has
   // rolled the step back): the engine trains no more, as after a failed Step(). Training
   // thread only. Returns `st`.

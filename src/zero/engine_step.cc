@@ -261,22 +261,19 @@ Result<StepResult> Engine::Step() {
   // Commits record the step_epoch they were made at; StepOnce moves it on at its end.
   const int64_t stepping = s.step_epoch;
   auto r = s.StepOnce();
-  if (!r.ok()) {
-    s.failed_call = "Step()";
-    s.AbandonStep(r.status(), stepping);
-  }
+  if (!r.ok()) s.AbandonStep(r.status(), "Step()", stepping);
   return r;
 }
 
-void Engine::Impl::TellPeers() {
+void Engine::Impl::MarkFailed(const Status& why, std::string call) {
+  failed = why;
+  failed_call = std::move(call);
   if (world != nullptr && world->size() > 1) world->PostFailure(failed_call + " failed (" + failed.ToString() + ")");
 }
 
 Status Engine::Impl::FailBehind(Status st) {
   if (st.ok() || !failed.ok()) return st;
-  failed = st;
-  failed_call = "write behind Step()";
-  TellPeers();
+  MarkFailed(st, "write behind Step()");
   STRATA_LOG(kError, "engine") << "a write behind Step() failed; the step it belonged to is undone: "
                                << st.ToString();
   return st;
@@ -291,20 +288,19 @@ Status Engine::Impl::RefuseAfterFailure() const {
 
 Status Engine::Impl::FailHook(Status st, std::string_view hook, int module) {
   if (st.ok() || !failed.ok()) return st;
-  failed_call = std::string(hook) + "(" + std::to_string(module) + ")";
+  std::string call = std::string(hook) + "(" + std::to_string(module) + ")";
   // Said before the waits below: with several ranks they last until the peers' matching
   // collectives run, which a failed peer may never do.
-  STRATA_LOG(kError, "engine") << failed_call << " failed, abandoning the step: " << st.ToString();
+  STRATA_LOG(kError, "engine") << call << " failed, abandoning the step: " << st.ToString();
   // Speculation during the backward commits nothing (StepOnce does, before it moves the
   // step epoch on): AbandonStep drops the pending results; the current epoch has no
   // commits yet to roll back.
-  AbandonStep(st, step_epoch);
+  AbandonStep(st, std::move(call), step_epoch);
   return st;
 }
 
-void Engine::Impl::AbandonStep(const Status& why, int64_t stepping) {
-  failed = why;
-  TellPeers();  // before the waits below, which may need the peers' collectives
+void Engine::Impl::AbandonStep(const Status& why, std::string call, int64_t stepping) {
+  MarkFailed(why, std::move(call));  // before the waits below, which may need the peers' collectives
   // Reductions still queued would go on writing gradient shards and speculating. Their
   // errors are this failure's consequences: the first one was reported.
   (void)WaitReduces();

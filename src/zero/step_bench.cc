@@ -20,14 +20,12 @@ std::string Fmt(const char* f, double v) {
   return b;
 }
 
-// The directory the engine swaps to (as Engine::Create picks it), or "" without NVMe.
+// The first directory the engine swaps to (the optimizer's store first), or "" without NVMe.
 std::string SwapDir(const Config& c) {
-  const bool opt = c.zero.offload_optimizer.device == OffloadDevice::kNvme;
-  const bool param = c.zero.offload_param.device == OffloadDevice::kNvme;
-  if (!opt && !param) return "";
-  for (const auto* paths : {opt ? &c.zero.offload_optimizer.nvme_path : nullptr,
-                            param ? &c.zero.offload_param.nvme_path : nullptr, &c.strata.swap_paths}) {
-    if (paths && !paths->empty()) return paths->front();
+  for (const OffloadConfig* o : {&c.zero.offload_optimizer, &c.zero.offload_param}) {
+    if (o->device != OffloadDevice::kNvme) continue;
+    const std::vector<std::string>& paths = SwapPaths(c, *o);
+    return paths.empty() ? std::string() : paths.front();
   }
   return "";
 }

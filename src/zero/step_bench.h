@@ -44,8 +44,8 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
 // `strata bench step --repeat N`: the shared disk's rate drifts by ±10% between runs,
 // so one run's efficiency is noise-prone. The medians over rounds (each a whole
 // RunStepBench: overlapped run, probe, overlap-off run, probe) of step_s,
-// overlap_efficiency, overlap_efficiency_mixed, speedup and
-// speedup_fraction_of_predicted (and of the run's disk busy fraction, where measured); a round whose step beat its bound
+// overlap_efficiency, overlap_efficiency_mixed, speedup, speedup_fraction_of_predicted
+// and (where measured) the disk's busy fraction; a round whose step beat its bound
 // (probe_slower_than_step) counts for the step time and speedup but not for the figures
 // measured against the bound, and one whose step beat only the mixed bound
 // (mixed_bound_beaten) not for the mixed efficiency. Returns {"rounds": [...],
