@@ -280,17 +280,7 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
     }
   }
   if (!main.disk_name.empty()) {
-    const DiskActivity& d = main.disk;
-    const uint64_t n = std::max(main.steps, 1);
-    out += "  disk " + main.disk_name + std::string(std::max<size_t>(1, 16 - main.disk_name.size()), ' ') + "busy " +
-           Fmt("%.0f%%", 100 * d.busy_fraction) + " of the measured steps, " + Fmt("%.1f", d.mean_in_flight) +
-           " requests in flight on average, " + Fmt("%.2f", d.bytes_per_s() / 1e9) + " GB/s (" +
-           FormatBytes(d.read_bytes / n) + " read, " + FormatBytes(d.write_bytes / n) +
-           " written per step, by every process)";
-    if (o.measure_rates && rates.nvme_mixed_bytes_per_s > 0) {
-      out += "; " + Fmt("%.2f", d.bytes_per_s() / rates.nvme_mixed_bytes_per_s) + " of the probe's mixed rate";
-    }
-    out += "\n";
+    out += FormatDiskLine(main.disk_name, main.disk, main.steps, o.measure_rates ? rates.nvme_mixed_bytes_per_s : 0);
   } else if (nvme) {
     out += "  disk                 no counters: " + main.disk_unavailable + "\n";
   }
@@ -310,6 +300,18 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
   }
   if (text) *text = out;
   return j;
+}
+
+std::string FormatDiskLine(const std::string& name, const DiskActivity& d, int steps, double mixed_rate) {
+  const uint64_t n = std::max(steps, 1);
+  // Values start in the report's column 23; a longer name pushes them on by one space.
+  const size_t pad = name.size() < 16 ? 16 - name.size() : 1;
+  std::string out = "  disk " + name + std::string(pad, ' ') + "busy " + Fmt("%.0f%%", 100 * d.busy_fraction) +
+                    " of the measured steps, " + Fmt("%.1f", d.mean_in_flight) + " requests in flight on average, " +
+                    Fmt("%.2f", d.bytes_per_s() / 1e9) + " GB/s (" + FormatBytes(d.read_bytes / n) + " read, " +
+                    FormatBytes(d.write_bytes / n) + " written per step, by every process)";
+  if (mixed_rate > 0) out += "; " + Fmt("%.2f", d.bytes_per_s() / mixed_rate) + " of the probe's mixed rate";
+  return out + "\n";
 }
 
 nlohmann::json SummarizeRounds(const std::vector<nlohmann::json>& rounds, std::string* text) {

@@ -41,6 +41,10 @@ struct StepBenchRun {
 // Returns the report as JSON; `text` receives the human-readable form.
 Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions& options, std::string* text);
 
+// The report's line for the swap disk `name` over `steps` measured steps; with the
+// probe's mixed rate (bytes/s; 0: none) the disk's rate is also given as a fraction of it.
+std::string FormatDiskLine(const std::string& name, const DiskActivity& d, int steps, double mixed_rate);
+
 // `strata bench step --repeat N`: the shared disk's rate drifts by ±10% between runs,
 // so one run's efficiency is noise-prone. The medians over rounds (each a whole
 // RunStepBench: overlapped run, probe, overlap-off run, probe) of step_s,

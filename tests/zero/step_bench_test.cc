@@ -88,6 +88,27 @@ TEST(StepBench, DiskBusyIsTheMedianOfTheRoundsThatMeasuredIt) {
   EXPECT_EQ(text.find("disk busy"), std::string::npos) << text;
 }
 
+// The disk line keeps its values in the report's column for short names and stays one
+// line for long ones (a name past 16 characters once asked for a string of 2^64 spaces).
+TEST(StepBench, DiskLineForShortAndLongDeviceNames) {
+  DiskActivity d;
+  d.seconds = 2;
+  d.busy_fraction = 0.964;
+  d.mean_in_flight = 30.4;
+  d.read_bytes = 2ull << 30;
+  d.write_bytes = 1ull << 30;
+  const std::string short_line = FormatDiskLine("vda", d, 2, static_cast<double>(3ull << 30));  // 1.5 of 3 GiB/s
+  EXPECT_EQ(short_line.find("busy 96%"), std::string("  disk vda").size() + 13) << short_line;
+  EXPECT_NE(short_line.find("30.4 requests in flight"), std::string::npos) << short_line;
+  EXPECT_NE(short_line.find("1.00 GiB read, 512 MiB written per step"), std::string::npos) << short_line;
+  EXPECT_NE(short_line.find("0.50 of the probe's mixed rate"), std::string::npos) << short_line;
+  const std::string long_name = "nvme0n1p12-with-a-long-name";
+  const std::string long_line = FormatDiskLine(long_name, d, 2, 0);
+  EXPECT_EQ(long_line.find("busy"), std::string("  disk ").size() + long_name.size() + 1) << long_line;
+  EXPECT_EQ(long_line.find("mixed rate"), std::string::npos) << long_line;
+  EXPECT_EQ(long_line.find('\n'), long_line.size() - 1);
+}
+
 // A real run with the optimizer and parameters on NVMe reports its swap disk's counters
 // over the measured steps; a run with nothing on NVMe says it has none.
 TEST(StepBenchRun, ReportsItsSwapDisk) {
