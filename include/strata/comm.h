@@ -101,6 +101,10 @@ class [[nodiscard]] CommHandle {
 struct CommOptions {
   std::string name = "world";        // shown in logs and watchdog reports
   double collective_timeout_s = 300;  // watchdog limit per collective (> 0)
+  // Tests: treat every rank as if it were on a node of its own, so that what must cross
+  // nodes (the failure notice, PostFailure) is exercised on one machine. The watch board
+  // then shows each rank only itself. Inherited by Split.
+  bool one_node_per_rank = false;
 };
 
 class Communicator {
@@ -146,8 +150,9 @@ class Communicator {
   // communicator is failed for good on every rank, this one included (its own queued
   // collectives end with Aborted, so waiting for them cannot hang). As after the
   // watchdog, the job should then end (AbortWorld). Any thread; only the first call
-  // counts. MPI: through the watch board, so peers on other nodes are not told. NCCL
-  // and a communicator of one rank: nothing.
+  // counts. MPI: through the watch board on this node and a message to each rank on
+  // another node (picked up while that rank polls a collective it waits in). NCCL and a
+  // communicator of one rank: nothing.
   virtual void PostFailure(std::string_view what) { (void)what; }
 
  protected:

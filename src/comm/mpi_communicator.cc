@@ -54,7 +54,9 @@ Result<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm, 
   STRATA_MPI_RETURN_IF_ERROR(MPI_Comm_size(comm, &size), "MPI_Comm_size");
   std::unique_ptr<MpiCommunicator> c(new MpiCommunicator(comm, rank, size, options));
   if (size > 1) {
-    STRATA_RETURN_IF_ERROR(c->board_.Init(comm).WithContext("communicator '" + options.name + "'"));
+    STRATA_RETURN_IF_ERROR(
+        c->board_.Init(comm, options.one_node_per_rank).WithContext("communicator '" + options.name + "'"));
+    STRATA_RETURN_IF_ERROR(c->notice_.Init(comm).WithContext("communicator '" + options.name + "'"));
     c->worker_ = std::thread([p = c.get()] { p->WorkerLoop(); });
   }
   return c;
@@ -72,6 +74,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, int rank, int size, const CommOp
   };
   ctx_.on_peer_failure = [this]() -> Status {
     std::string failed = board_.FailedRank();
+    if (failed.empty()) failed = notice_.Received();
     if (failed.empty()) return OkStatus();
     return AbortedError("collective " +
                         (running_op_ != nullptr ? "#" + std::to_string(running_op_->seq) + " " + running_op_->What()
@@ -90,6 +93,7 @@ MpiCommunicator::~MpiCommunicator() {
   if (worker_.joinable()) worker_.join();
   if (!WorldInitialized()) return;  // destroyed after FinalizeWorld: MPI objects died with it
   board_.Free();
+  notice_.Free();
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
@@ -252,6 +256,7 @@ void MpiCommunicator::WorkerLoop() {
 void MpiCommunicator::PostFailure(std::string_view what) {
   if (size_ == 1) return;
   board_.PostFailure(what);
+  notice_.Post(what, [this](int r) { return board_.Sees(r); });
   std::lock_guard<std::mutex> lock(mu_);
   if (failed_.ok()) failed_ = AbortedError("this rank posted its failure: " + std::string(what));
 }

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/failure_notice.h"
 #include "comm/op_text.h"
 #include "comm/watch_board.h"
 #include "strata/comm.h"
@@ -49,8 +50,9 @@ class MpiContext {
   std::byte* Staging(size_t bytes);
 
   std::function<Status()> on_deadline;  // builds the watchdog Status (set by the worker)
-  // Checked between polls (about once a millisecond): a failure a rank posted on the
-  // watch board (Communicator::PostFailure) as a non-OK Status, which ends the wait.
+  // Checked between polls (about once a millisecond): a failure a rank posted
+  // (Communicator::PostFailure: the watch board, or a notice from another node) as a
+  // non-OK Status, which ends the wait.
   std::function<Status()> on_peer_failure;
   double deadline_s = 0;                // steady-clock seconds
   // The collective being run. Its functions read counts and dtype from here, so that
@@ -134,6 +136,7 @@ class MpiCommunicator final : public Communicator {
   int size_;
   CommOptions options_;
   WatchBoard board_;
+  FailureNotice notice_;  // PostFailure to the ranks the board does not reach
   MpiContext ctx_;  // runner only
   // Runner only: the collective being run (for the watchdog's report), and the
   // description whose text the board holds (board_text_valid_: it holds one).

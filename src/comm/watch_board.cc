@@ -24,12 +24,17 @@ void* AlignSlot(void* base) {
 
 WatchBoard::~WatchBoard() { Free(); }
 
-Status WatchBoard::Init(MPI_Comm comm) {
-  int size = 0;
+Status WatchBoard::Init(MPI_Comm comm, bool one_node_per_rank) {
+  int size = 0, rank = 0;
   STRATA_MPI_RETURN_IF_ERROR(MPI_Comm_size(comm, &size), "watch board: MPI_Comm_size");
+  STRATA_MPI_RETURN_IF_ERROR(MPI_Comm_rank(comm, &rank), "watch board: MPI_Comm_rank");
   by_comm_rank_.assign(static_cast<size_t>(size), nullptr);
-  STRATA_MPI_RETURN_IF_ERROR(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_comm_),
-                             "watch board: MPI_Comm_split_type(SHARED)");
+  if (one_node_per_rank) {
+    STRATA_MPI_RETURN_IF_ERROR(MPI_Comm_split(comm, rank, 0, &node_comm_), "watch board: MPI_Comm_split");
+  } else {
+    STRATA_MPI_RETURN_IF_ERROR(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_comm_),
+                               "watch board: MPI_Comm_split_type(SHARED)");
+  }
   STRATA_MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(node_comm_, MPI_ERRORS_RETURN),
                              "watch board: MPI_Comm_set_errhandler");
   void* base = nullptr;

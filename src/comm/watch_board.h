@@ -1,7 +1,8 @@
 // What each rank of a communicator last entered, in an MPI-3 shared-memory window over
 // the ranks of this node (MPI_Win_allocate_shared), so that a rank's watchdog can read
 // its peers' progress with plain loads: no MPI call, so a peer that is stuck or asleep
-// cannot block the report. Ranks on other nodes are not visible.
+// cannot block the report. Ranks on other nodes are not visible (a failure reaches them
+// as a message: failure_notice.h).
 // A rank that has failed and will join no more collectives posts that here too
 // (PostFailure), so that its peers stop waiting for it at once instead of at the
 // watchdog's limit.
@@ -27,7 +28,8 @@ class WatchBoard {
   ~WatchBoard();
 
   // Collective over `comm`. After an error the board is inert (reports say so).
-  Status Init(MPI_Comm comm);
+  // `one_node_per_rank` (tests, CommOptions): each rank's board shows only itself.
+  Status Init(MPI_Comm comm, bool one_node_per_rank = false);
   // Collective over the node's ranks of `comm` (frees the window).
   void Free();
 
@@ -48,6 +50,10 @@ class WatchBoard {
   // by the peers' own (their collectives with it end), so the first is the cause. Plain
   // loads, any thread.
   std::string FailedRank() const;
+  // Whether rank `rank` of the communicator is on this board (this node). Any thread.
+  bool Sees(int rank) const {
+    return rank >= 0 && static_cast<size_t>(rank) < by_comm_rank_.size() && by_comm_rank_[rank] != nullptr;
+  }
 
  private:
   // Each slot has cache lines of its own: the window places the ranks' slots next to

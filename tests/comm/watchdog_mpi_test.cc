@@ -11,10 +11,11 @@
 namespace strata {
 namespace {
 
-std::unique_ptr<Communicator> MakeWorld(const std::string& name, double timeout_s) {
+std::unique_ptr<Communicator> MakeWorld(const std::string& name, double timeout_s, bool one_node_per_rank = false) {
   CommOptions o;
   o.name = name;
   o.collective_timeout_s = timeout_s;
+  o.one_node_per_rank = one_node_per_rank;
   auto w = InitWorld(o);
   STRATA_CHECK_MSG(w.ok(), w.status().ToString());
   return std::move(w).value();
@@ -109,6 +110,9 @@ TEST(Watchdog, APostedFailureEndsThePeersWaitAtOnce) {
   auto c = MakeWorld("watched", 60);
   const int failing = c->size() - 1;
   ASSERT_TRUE(c->Barrier().Wait().ok());  // #1, everyone
+  // Every rank has left #1 before the failure is posted: a rank still polling #1 (the
+  // failing one may finish its part first) would abandon it, rightly, on the notice.
+  ASSERT_TRUE(control->Barrier().Wait().ok());
   if (c->rank() == failing) {
     c->PostFailure("BeforeForward(2) failed (IoError: the disk went away)");
     // Its own later collectives end at once, without entering MPI.
@@ -130,6 +134,35 @@ TEST(Watchdog, APostedFailureEndsThePeersWaitAtOnce) {
         << m;
     Status later = c->Barrier().Wait();
     EXPECT_EQ(later.code(), StatusCode::kAborted) << later.ToString();
+  }
+  ASSERT_TRUE(control->Barrier().Wait().ok());
+  c.reset();
+  EXPECT_TRUE(control->Barrier().Wait().ok());
+}
+
+// The same across nodes, where the board cannot carry it: with every rank on a node of
+// its own (as far as the communicator can tell), the notice must come as a message.
+TEST(Watchdog, APostedFailureReachesRanksOnOtherNodes) {
+  auto control = MakeWorld("control", 60);
+  auto c = MakeWorld("watched", 60, /*one_node_per_rank=*/true);
+  const int failing = c->size() - 1;
+  ASSERT_TRUE(c->Barrier().Wait().ok());  // #1, everyone
+  // Every rank has left #1 before the failure is posted: a rank still polling #1 (the
+  // failing one may finish its part first) would abandon it, rightly, on the notice.
+  ASSERT_TRUE(control->Barrier().Wait().ok());
+  if (c->rank() == failing) {
+    c->PostFailure("Step() failed (IoError: writing optimizer state: No space left on device)");
+  } else {
+    std::vector<float> buf(64, 1.0f);
+    auto t0 = std::chrono::steady_clock::now();
+    Status s = c->AllReduce(buf.data(), buf.data(), buf.size(), DType::kF32, ReduceOp::kSum).Wait();  // #2
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(s.code(), StatusCode::kAborted) << s.ToString();
+    EXPECT_LT(waited, 10.0) << "ended by the watchdog (60 s), not by the notice";
+    EXPECT_NE(s.message().find("rank " + std::to_string(failing) +
+                               " failed: Step() failed (IoError: writing optimizer state: No space left on device)"),
+              std::string::npos)
+        << s.message();
   }
   ASSERT_TRUE(control->Barrier().Wait().ok());
   c.reset();

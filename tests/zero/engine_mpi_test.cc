@@ -31,8 +31,10 @@ TEST(EngineMpi, Bf16MatchesTheReference) { CheckBf16(World()); }
 // A rank whose parameter reads fail abandons its step and joins no more collectives. It
 // tells the others, so every rank's training ends within seconds, not at the engine
 // communicator's watchdog (120 s), and each names the failed rank and its error.
-TEST(EngineMpi, ARankThatFailsEndsEveryRanksTrainingAtOnce) {
-  auto engine_world = InitWorld(CommOptions{"engine-world", 120});
+void ExpectAFailingRankEndsEveryRanksTraining(bool one_node_per_rank) {
+  CommOptions options{"engine-world", 120};
+  options.one_node_per_rank = one_node_per_rank;
+  auto engine_world = InitWorld(options);
   ASSERT_TRUE(engine_world.ok()) << engine_world.status().ToString();
   Communicator& comm = **engine_world;
   const int failing = comm.size() - 1;
@@ -71,6 +73,11 @@ TEST(EngineMpi, ARankThatFailsEndsEveryRanksTrainingAtOnce) {
   engine_world->reset();
   EXPECT_TRUE(World().Barrier().Wait().ok());
 }
+
+TEST(EngineMpi, ARankThatFailsEndsEveryRanksTrainingAtOnce) { ExpectAFailingRankEndsEveryRanksTraining(false); }
+
+// Ranks on other nodes learn it by a message, not the node's watch board.
+TEST(EngineMpi, ARankThatFailsEndsTrainingOnOtherNodesAtOnce) { ExpectAFailingRankEndsEveryRanksTraining(true); }
 
 // Each gather is a collective, so every rank must gather, keep and release the same
 // chunks. A rank with more device room than the others plans with the least any rank
