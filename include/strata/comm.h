@@ -151,8 +151,10 @@ class Communicator {
   // collectives end with Aborted, so waiting for them cannot hang). As after the
   // watchdog, the job should then end (AbortWorld). Any thread; only the first call
   // counts. MPI: through the watch board on this node and a message to each rank on
-  // another node (picked up while that rank polls a collective it waits in). NCCL and a
-  // communicator of one rank: nothing.
+  // another node (picked up while that rank polls a collective it waits in). NCCL: the
+  // same notices, which its watchdog thread polls every 50 ms and answers by aborting the
+  // NCCL communicator (ncclCommAbort); the posting rank's own collectives in flight are
+  // aborted too. A communicator of one rank: nothing.
   virtual void PostFailure(std::string_view what) { (void)what; }
 
  protected:

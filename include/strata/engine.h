@@ -181,6 +181,7 @@ class Engine : public model::MlpHooks {
   // FailedPrecondition naming the hook and the error, so no step applies an
   // incomplete window's gradients. With several ranks, a rank whose engine fails (in a
   // hook, in Step() or in a write behind Step()) posts that on the world communicator
+  // and on the device one (EngineResources::device_comm, NCCL) when that is another
   // (Communicator::PostFailure): the other ranks' collectives end at once with Aborted
   // naming it, their engines fail the same way, and the world is then failed for good
   // (end the job; GatherMaster, a collective, no longer works there).

@@ -72,9 +72,9 @@ struct Engine::Impl {
   // reduction, a kernel): abandons the step as a failed Step() does, so no later Step()
   // applies partial gradients. Returns `st`.
   Status FailHook(Status st, std::string_view hook, int module);
-  // Sets `failed` and `failed_call` and posts them on the world communicator
-  // (Communicator::PostFailure): the peers' collectives, which this rank will no longer
-  // join, end at once instead of at the watchdog's limit.
+  // Sets `failed` and `failed_call` and posts them on the world communicator and the
+  // device one, when that is another (Communicator::PostFailure): the peers' collectives,
+  // which this rank will no longer join, end at once instead of at the watchdog's limit.
   void MarkFailed(const Status& why, std::string call);
   // A write error that Flush or GatherMaster saw after Step() returned (WaitWrite has
   // rolled the step back): the engine trains no more, as after a failed Step(). Training

@@ -268,7 +268,10 @@ Result<StepResult> Engine::Step() {
 void Engine::Impl::MarkFailed(const Status& why, std::string call) {
   failed = why;
   failed_call = std::move(call);
-  if (world != nullptr && world->size() > 1) world->PostFailure(failed_call + " failed (" + failed.ToString() + ")");
+  const std::string what = failed_call + " failed (" + failed.ToString() + ")";
+  if (world != nullptr && world->size() > 1) world->PostFailure(what);
+  // The peers may be waiting in a device collective (NCCL), which watches its own board.
+  if (device_comm != nullptr && device_comm != world && device_comm->size() > 1) device_comm->PostFailure(what);
 }
 
 Status Engine::Impl::FailBehind(Status st) {

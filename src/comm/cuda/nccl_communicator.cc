@@ -1,7 +1,8 @@
 // The device (NCCL) Communicator: one NCCL communicator and one stream per Communicator,
 // bootstrapped over MPI, with a watchdog thread that polls completion events and
 // ncclCommGetAsyncError and aborts the communicator (ncclCommAbort) when a collective
-// runs past strata.collective_timeout_s.
+// runs past strata.collective_timeout_s, or when a peer posts its failure
+// (PostFailure: the watch board on the node, a FailureNotice message across nodes).
 //
 // bf16/fp16 reductions: NCCL rounds to the element type at every step of its ring, so
 // they run in fp32 here instead (upcast into staging, reduce in fp32, one rounding on
@@ -19,6 +20,7 @@
 #include <thread>
 
 #include "comm/cuda/convert.h"
+#include "comm/failure_notice.h"
 #include "comm/mpi_communicator.h"
 #include "comm/mpi_util.h"
 #include "comm/watch_board.h"
@@ -137,7 +139,7 @@ class NcclCommunicator final : public Communicator {
     if (failed_.ok()) {
       cudaStreamSynchronize(stream_);
       ncclCommDestroy(nccl_);
-    } else {
+    } else if (!aborted_) {  // the watchdog's abort already freed it
       ncclCommAbort(nccl_);
     }
     inflight_.clear();
@@ -145,6 +147,7 @@ class NcclCommunicator final : public Communicator {
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
     if (!WorldInitialized()) return;  // MPI objects died with FinalizeWorld
     board_.Free();
+    notice_.Free();
     if (mpi_ != MPI_COMM_NULL) MPI_Comm_free(&mpi_);
   }
 
@@ -222,6 +225,22 @@ class NcclCommunicator final : public Communicator {
     return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
   }
 
+  void PostFailure(std::string_view what) override {
+    if (size_ == 1) return;
+    board_.PostFailure(what);
+    notice_.Post(what, [this](int r) { return board_.Sees(r); });
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failed_.ok()) return;
+    Status own = AbortedError("this rank posted its failure: " + std::string(what));
+    // Collectives in flight will not complete once the peers abort theirs: waiting for
+    // them (the engine does, abandoning its step) must not hang.
+    if (inflight_.empty()) {
+      failed_ = own;
+    } else {
+      AbortLocked(own);
+    }
+  }
+
  private:
   NcclCommunicator(MPI_Comm mpi, ncclComm_t nccl, const NcclOptions& n, const CommOptions& o)
       : mpi_(mpi), nccl_(nccl), nccl_options_(n), options_(o) {}
@@ -232,9 +251,13 @@ class NcclCommunicator final : public Communicator {
     STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice(nccl_options_.device), "cudaSetDevice");
     STRATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     STRATA_MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(mpi_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-    Status b = board_.Init(mpi_);
+    Status b = board_.Init(mpi_, options_.one_node_per_rank);
     if (!b.ok()) {
       STRATA_LOG(kWarn, "comm") << "no progress board for '" << options_.name << "': " << b.ToString();
+    }
+    Status n = notice_.Init(mpi_);
+    if (!n.ok()) {
+      STRATA_LOG(kWarn, "comm") << "no failure notices across nodes for '" << options_.name << "': " << n.ToString();
     }
     watchdog_ = std::thread([this] { WatchdogLoop(); });
     return OkStatus();
@@ -329,6 +352,11 @@ class NcclCommunicator final : public Communicator {
         bad = NcclStatus(r, nccl_, "ncclCommGetAsyncError");
       } else if (async != ncclSuccess && async != ncclInProgress) {
         bad = NcclStatus(async, nccl_, "communicator '" + options_.name + "' asynchronous error");
+      } else if (std::string peer = PeerFailure(); !peer.empty()) {
+        const auto& op = inflight_.front();
+        bad = AbortedError("collective #" + std::to_string(op->seq) + " " + op->what + " on NCCL communicator '" +
+                           options_.name + "' (rank " + std::to_string(rank_) + ") abandoned: " + peer +
+                           "; it joins no more collectives, end the job");
       } else if (NowS() - front_since_ > options_.collective_timeout_s) {
         const auto& op = inflight_.front();
         std::ostringstream m;
@@ -341,12 +369,24 @@ class NcclCommunicator final : public Communicator {
       }
       if (bad.ok()) continue;
       STRATA_LOG(kError, "comm") << bad.ToString();
-      failed_ = bad;
-      ncclCommAbort(nccl_);
-      aborted_ = true;
-      for (auto& op : inflight_) op->Fail(bad);
-      inflight_.clear();
+      AbortLocked(bad);
     }
+  }
+
+  // A failure a peer posted, on this node's board first (it has the earliest), else a
+  // notice from another node; empty when none.
+  std::string PeerFailure() {
+    std::string failed = board_.FailedRank();
+    return failed.empty() ? notice_.Received() : failed;
+  }
+
+  // With mu_ held: fails the communicator for good and every collective in flight.
+  void AbortLocked(const Status& why) {
+    failed_ = why;
+    if (!aborted_) ncclCommAbort(nccl_);
+    aborted_ = true;
+    for (auto& op : inflight_) op->Fail(why);
+    inflight_.clear();
   }
 
   MPI_Comm mpi_;
@@ -360,6 +400,7 @@ class NcclCommunicator final : public Communicator {
   void* staging_ = nullptr;  // fp32 staging for bf16/fp16 reductions; stream-ordered use
   size_t staging_bytes_ = 0;
   WatchBoard board_;
+  FailureNotice notice_;  // PostFailure to the ranks the board does not reach
 
   std::mutex mu_;  // guards everything below, and serialises issuing
   std::condition_variable cv_;
