@@ -105,16 +105,18 @@ TEST(Consistency, MismatchNamesTheFirstDifferingKeyOnEveryRank) {
 
 // A rank that fails and posts it ends its peers' wait at once, not at the watchdog's
 // limit (60 s here), naming itself and why; the communicator is then failed everywhere.
-TEST(Watchdog, APostedFailureEndsThePeersWaitAtOnce) {
+// `one_node_per_rank`: every rank as if on a node of its own, where the board cannot
+// carry the failure and it must come as a message.
+void ExpectAPostedFailureEndsThePeersWait(bool one_node_per_rank, const std::string& why) {
   auto control = MakeWorld("control", 60);
-  auto c = MakeWorld("watched", 60);
+  auto c = MakeWorld("watched", 60, one_node_per_rank);
   const int failing = c->size() - 1;
   ASSERT_TRUE(c->Barrier().Wait().ok());  // #1, everyone
   // Every rank has left #1 before the failure is posted: a rank still polling #1 (the
   // failing one may finish its part first) would abandon it, rightly, on the notice.
   ASSERT_TRUE(control->Barrier().Wait().ok());
   if (c->rank() == failing) {
-    c->PostFailure("BeforeForward(2) failed (IoError: the disk went away)");
+    c->PostFailure(why);
     // Its own later collectives end at once, without entering MPI.
     Status own = c->Barrier().Wait();
     EXPECT_EQ(own.code(), StatusCode::kAborted) << own.ToString();
@@ -128,10 +130,7 @@ TEST(Watchdog, APostedFailureEndsThePeersWaitAtOnce) {
     EXPECT_LT(waited, 10.0) << "ended by the watchdog (60 s), not by the posted failure";
     const std::string& m = s.message();
     EXPECT_NE(m.find("#2 AllReduce f32 x64"), std::string::npos) << m;
-    EXPECT_NE(m.find("rank " + std::to_string(failing) + " failed: BeforeForward(2) failed (IoError: the disk "
-                     "went away)"),
-              std::string::npos)
-        << m;
+    EXPECT_NE(m.find("rank " + std::to_string(failing) + " failed: " + why), std::string::npos) << m;
     Status later = c->Barrier().Wait();
     EXPECT_EQ(later.code(), StatusCode::kAborted) << later.ToString();
   }
@@ -140,33 +139,13 @@ TEST(Watchdog, APostedFailureEndsThePeersWaitAtOnce) {
   EXPECT_TRUE(control->Barrier().Wait().ok());
 }
 
-// The same across nodes, where the board cannot carry it: with every rank on a node of
-// its own (as far as the communicator can tell), the notice must come as a message.
+TEST(Watchdog, APostedFailureEndsThePeersWaitAtOnce) {
+  ExpectAPostedFailureEndsThePeersWait(false, "BeforeForward(2) failed (IoError: the disk went away)");
+}
+
 TEST(Watchdog, APostedFailureReachesRanksOnOtherNodes) {
-  auto control = MakeWorld("control", 60);
-  auto c = MakeWorld("watched", 60, /*one_node_per_rank=*/true);
-  const int failing = c->size() - 1;
-  ASSERT_TRUE(c->Barrier().Wait().ok());  // #1, everyone
-  // Every rank has left #1 before the failure is posted: a rank still polling #1 (the
-  // failing one may finish its part first) would abandon it, rightly, on the notice.
-  ASSERT_TRUE(control->Barrier().Wait().ok());
-  if (c->rank() == failing) {
-    c->PostFailure("Step() failed (IoError: writing optimizer state: No space left on device)");
-  } else {
-    std::vector<float> buf(64, 1.0f);
-    auto t0 = std::chrono::steady_clock::now();
-    Status s = c->AllReduce(buf.data(), buf.data(), buf.size(), DType::kF32, ReduceOp::kSum).Wait();  // #2
-    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_EQ(s.code(), StatusCode::kAborted) << s.ToString();
-    EXPECT_LT(waited, 10.0) << "ended by the watchdog (60 s), not by the notice";
-    EXPECT_NE(s.message().find("rank " + std::to_string(failing) +
-                               " failed: Step() failed (IoError: writing optimizer state: No space left on device)"),
-              std::string::npos)
-        << s.message();
-  }
-  ASSERT_TRUE(control->Barrier().Wait().ok());
-  c.reset();
-  EXPECT_TRUE(control->Barrier().Wait().ok());
+  ExpectAPostedFailureEndsThePeersWait(
+      true, "Step() failed (IoError: writing optimizer state: No space left on device)");
 }
 
 TEST(Consistency, LayoutArraysCompareByIndex) {
