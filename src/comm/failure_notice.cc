@@ -52,11 +52,12 @@ void FailureNotice::Free() {
     MPI_Status st;
     if (MPI_Improbe(MPI_ANY_SOURCE, kTag, comm_, &flag, &msg, &st) != MPI_SUCCESS || !flag) break;
     int count = 0;
-    MPI_Get_count(&st, MPI_CHAR, &count);
+    if (MPI_Get_count(&st, MPI_CHAR, &count) != MPI_SUCCESS) break;
     std::string text(static_cast<size_t>(std::max(count, 0)), '\0');
     if (MPI_Mrecv(text.data(), count, MPI_CHAR, &msg, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
   }
-  MPI_Comm_free(&comm_);
+  const int rc = MPI_Comm_free(&comm_);
+  if (rc != MPI_SUCCESS) STRATA_LOG(kWarn, "comm") << MpiStatus(rc, "failure notice: MPI_Comm_free").ToString();
   comm_ = MPI_COMM_NULL;
 }
 

@@ -136,12 +136,16 @@ class NcclCommunicator final : public Communicator {
     }
     cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
+    // Teardown goes on past an error (nothing else can free these), which is logged.
+    Status st;
     if (failed_.ok()) {
-      cudaStreamSynchronize(stream_);
-      ncclCommDestroy(nccl_);
+      st = CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+      Status d = NcclStatus(ncclCommDestroy(nccl_), nullptr, "ncclCommDestroy");
+      if (st.ok()) st = d;
     } else if (!aborted_) {  // the watchdog's abort already freed it
-      ncclCommAbort(nccl_);
+      st = NcclStatus(ncclCommAbort(nccl_), nullptr, "ncclCommAbort");
     }
+    if (!st.ok()) STRATA_LOG(kWarn, "comm") << "closing NCCL communicator '" << options_.name << "': " << st.ToString();
     inflight_.clear();
     if (staging_ != nullptr) cudaFree(staging_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -383,7 +387,10 @@ class NcclCommunicator final : public Communicator {
   // With mu_ held: fails the communicator for good and every collective in flight.
   void AbortLocked(const Status& why) {
     failed_ = why;
-    if (!aborted_) ncclCommAbort(nccl_);
+    if (!aborted_) {
+      Status a = NcclStatus(ncclCommAbort(nccl_), nullptr, "ncclCommAbort");
+      if (!a.ok()) STRATA_LOG(kWarn, "comm") << a.ToString();
+    }
     aborted_ = true;
     for (auto& op : inflight_) op->Fail(why);
     inflight_.clear();
