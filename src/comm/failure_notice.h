@@ -3,10 +3,11 @@
 // MPI_Improbe while it polls a collective it waits in. The watch board remains the fast
 // path on the node (plain loads, no MPI call); this one crosses nodes.
 //
-// Why messages and not a one-sided window over every rank: passive-target puts across
-// nodes progress only when the target enters MPI, which a waiting peer does anyway (it
-// polls MPI_Testall), so a message costs no more, and a probe on a communicator that
-// carries nothing else never matches a collective's traffic.
+// Why messages and not a one-sided window over every rank: on many transports a
+// passive-target put progresses only when the target enters MPI, which a waiting peer
+// does anyway (it polls MPI_Testall), so a window would gain little over a message, and
+// a probe on a communicator that carries nothing else never matches a collective's
+// traffic.
 #pragma once
 
 #include <mpi.h>
