@@ -150,7 +150,9 @@ class Communicator {
   // communicator is failed for good on every rank, this one included (its own queued
   // collectives end with Aborted, so waiting for them cannot hang). As after the
   // watchdog, the job should then end (AbortWorld). Any thread; only the first call
-  // counts. MPI: through the watch board on this node and a message to each rank on
+  // counts, and none after this rank has seen a peer's posted failure (its own then
+  // follows from that one, which already reached every rank; a relay could reach a
+  // rank on another node first and name the wrong rank). MPI: through the watch board on this node and a message to each rank on
   // another node (picked up while that rank polls a collective it waits in). NCCL: the
   // same notices, which its watchdog thread polls every 50 ms and answers by aborting the
   // NCCL communicator (ncclCommAbort); the posting rank's own collectives in flight are

@@ -255,10 +255,19 @@ void MpiCommunicator::WorkerLoop() {
 
 void MpiCommunicator::PostFailure(std::string_view what) {
   if (size_ == 1) return;
-  board_.PostFailure(what);
-  notice_.Post(what, [this](int r) { return board_.Sees(r); });
+  // A failure that follows a peer's (this rank's collective ended on its post) is not
+  // posted again: the peer's post reached every rank, and a relay racing it to another
+  // node could arrive first and name this rank instead of the one that failed.
+  const bool relay = !board_.FailedRank().empty() || !notice_.Received().empty();
+  if (!relay) {
+    board_.PostFailure(what);
+    notice_.Post(what, [this](int r) { return board_.Sees(r); });
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  if (failed_.ok()) failed_ = AbortedError("this rank posted its failure: " + std::string(what));
+  if (failed_.ok()) {
+    failed_ = AbortedError((relay ? "this rank failed after a peer did: " : "this rank posted its failure: ") +
+                           std::string(what));
+  }
 }
 
 Status MpiCommunicator::Watchdog(uint64_t seq, const std::string& what) {

@@ -231,8 +231,11 @@ class NcclCommunicator final : public Communicator {
 
   void PostFailure(std::string_view what) override {
     if (size_ == 1) return;
-    board_.PostFailure(what);
-    notice_.Post(what, [this](int r) { return board_.Sees(r); });
+    // As on the MPI communicator: a failure that follows a peer's is not relayed.
+    if (PeerFailure().empty()) {
+      board_.PostFailure(what);
+      notice_.Post(what, [this](int r) { return board_.Sees(r); });
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (!failed_.ok()) return;
     Status own = AbortedError("this rank posted its failure: " + std::string(what));
