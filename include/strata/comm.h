@@ -144,19 +144,19 @@ class Communicator {
   virtual Status CopyBuffer(void* dst, const void* src, size_t bytes) = 0;
 
   // Tells the peers that this rank has failed and will issue no more collectives here,
-  // with `what` (the first 255 bytes are shown): a collective a peer on this node is
-  // waiting in, or starts later, ends within about a millisecond with Aborted
-  // ("... abandoned: rank 1 failed: <what>") instead of at the watchdog's limit, and the
-  // communicator is failed for good on every rank, this one included (its own queued
-  // collectives end with Aborted, so waiting for them cannot hang). As after the
-  // watchdog, the job should then end (AbortWorld). Any thread; only the first call
-  // counts, and none after this rank has seen a peer's posted failure (its own then
-  // follows from that one, which already reached every rank; a relay could reach a
-  // rank on another node first and name the wrong rank). MPI: through the watch board on this node and a message to each rank on
-  // another node (picked up while that rank polls a collective it waits in). NCCL: the
-  // same notices, which its watchdog thread polls every 50 ms and answers by aborting the
-  // NCCL communicator (ncclCommAbort); the posting rank's own collectives in flight are
-  // aborted too. A communicator of one rank: nothing.
+  // with `what` (the first 255 bytes are shown): a collective a peer is waiting in, or
+  // starts later, ends with Aborted ("... abandoned: rank 1 failed: <what>") instead of
+  // at the watchdog's limit, and the communicator is failed for good on every rank, this
+  // one included (its own queued collectives end with Aborted, so waiting for them
+  // cannot hang). As after the watchdog, the job should then end (AbortWorld). Any
+  // thread; only the first call counts, and none after this rank has seen a peer's
+  // posted failure (its own follows from that one, which already reached every rank; a
+  // relay could reach a rank on another node first and name the wrong rank).
+  // MPI: through the watch board on this node (within about a millisecond) and a
+  // message to each rank on another node (picked up while that rank polls a collective
+  // it waits in). NCCL: the same notices, which its watchdog thread polls every 50 ms
+  // and answers by aborting the NCCL communicator (ncclCommAbort); the posting rank's
+  // own collectives in flight are aborted too. A communicator of one rank: nothing.
   virtual void PostFailure(std::string_view what) { (void)what; }
 
  protected:

@@ -11,7 +11,8 @@ namespace strata::comm {
 
 FailureNotice::~FailureNotice() { Free(); }
 
-Status FailureNotice::Init(MPI_Comm comm) {
+Status FailureNotice::Init(MPI_Comm comm, WatchBoard* board) {
+  board_ = board;
   STRATA_MPI_RETURN_IF_ERROR(MPI_Comm_dup(comm, &comm_), "failure notice: MPI_Comm_dup");
   STRATA_MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN),
                              "failure notice: MPI_Comm_set_errhandler");
@@ -57,16 +58,23 @@ void FailureNotice::Free() {
     if (MPI_Mrecv(text.data(), count, MPI_CHAR, &msg, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
   }
   const int rc = MPI_Comm_free(&comm_);
-  if (rc != MPI_SUCCESS) STRATA_LOG(kWarn, "comm") << MpiStatus(rc, "failure notice: MPI_Comm_free").ToString();
+  if (rc != MPI_SUCCESS)
+    STRATA_LOG(kWarn, "comm") << MpiStatus(rc, "failure notice: MPI_Comm_free").ToString();
   comm_ = MPI_COMM_NULL;
 }
 
-void FailureNotice::Post(std::string_view what, const std::function<bool(int)>& reached_otherwise) {
-  if (comm_ == MPI_COMM_NULL || posted_.exchange(true)) return;
+std::string FailureNotice::First() {
+  std::string failed = board_ != nullptr ? board_->FailedRank() : std::string();
+  return failed.empty() ? Received() : failed;
+}
+
+bool FailureNotice::Post(std::string_view what) {
+  if (comm_ == MPI_COMM_NULL || !First().empty() || posted_.exchange(true)) return false;
+  if (board_ != nullptr) board_->PostFailure(what);
   std::lock_guard lock(mu_);
   sent_.assign(what.substr(0, kMaxText));
   for (int r = 0; r < size_; ++r) {
-    if (r == rank_ || reached_otherwise(r)) continue;
+    if (r == rank_ || (board_ != nullptr && board_->Sees(r))) continue;
     MPI_Request req = MPI_REQUEST_NULL;
     const int rc = MPI_Isend(sent_.data(), static_cast<int>(sent_.size()), MPI_CHAR, r, kTag, comm_, &req);
     if (rc != MPI_SUCCESS) {
@@ -76,6 +84,7 @@ void FailureNotice::Post(std::string_view what, const std::function<bool(int)>& 
     }
     sends_.push_back(req);
   }
+  return true;
 }
 
 std::string FailureNotice::Received() {

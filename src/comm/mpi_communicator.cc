@@ -56,7 +56,7 @@ Result<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm, 
   if (size > 1) {
     STRATA_RETURN_IF_ERROR(
         c->board_.Init(comm, options.one_node_per_rank).WithContext("communicator '" + options.name + "'"));
-    STRATA_RETURN_IF_ERROR(c->notice_.Init(comm).WithContext("communicator '" + options.name + "'"));
+    STRATA_RETURN_IF_ERROR(c->notice_.Init(comm, &c->board_).WithContext("communicator '" + options.name + "'"));
     c->worker_ = std::thread([p = c.get()] { p->WorkerLoop(); });
   }
   return c;
@@ -73,8 +73,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, int rank, int size, const CommOp
                                   : DeadlineExceededError("collective on '" + options_.name + "' timed out");
   };
   ctx_.on_peer_failure = [this]() -> Status {
-    std::string failed = board_.FailedRank();
-    if (failed.empty()) failed = notice_.Received();
+    std::string failed = notice_.First();
     if (failed.empty()) return OkStatus();
     return AbortedError("collective " +
                         (running_op_ != nullptr ? "#" + std::to_string(running_op_->seq) + " " + running_op_->What()
@@ -255,17 +254,10 @@ void MpiCommunicator::WorkerLoop() {
 
 void MpiCommunicator::PostFailure(std::string_view what) {
   if (size_ == 1) return;
-  // A failure that follows a peer's (this rank's collective ended on its post) is not
-  // posted again: the peer's post reached every rank, and a relay racing it to another
-  // node could arrive first and name this rank instead of the one that failed.
-  const bool relay = !board_.FailedRank().empty() || !notice_.Received().empty();
-  if (!relay) {
-    board_.PostFailure(what);
-    notice_.Post(what, [this](int r) { return board_.Sees(r); });
-  }
+  const bool posted = notice_.Post(what);
   std::lock_guard<std::mutex> lock(mu_);
   if (failed_.ok()) {
-    failed_ = AbortedError((relay ? "this rank failed after a peer did: " : "this rank posted its failure: ") +
+    failed_ = AbortedError((posted ? "this rank posted its failure: " : "this rank failed after a peer did: ") +
                            std::string(what));
   }
 }

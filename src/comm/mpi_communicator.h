@@ -136,7 +136,7 @@ class MpiCommunicator final : public Communicator {
   int size_;
   CommOptions options_;
   WatchBoard board_;
-  FailureNotice notice_;  // PostFailure to the ranks the board does not reach
+  FailureNotice notice_;  // PostFailure: on board_ and to the ranks it does not reach
   MpiContext ctx_;  // runner only
   // Runner only: the collective being run (for the watchdog's report), and the
   // description whose text the board holds (board_text_valid_: it holds one).

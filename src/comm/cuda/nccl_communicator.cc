@@ -231,11 +231,7 @@ class NcclCommunicator final : public Communicator {
 
   void PostFailure(std::string_view what) override {
     if (size_ == 1) return;
-    // As on the MPI communicator: a failure that follows a peer's is not relayed.
-    if (PeerFailure().empty()) {
-      board_.PostFailure(what);
-      notice_.Post(what, [this](int r) { return board_.Sees(r); });
-    }
+    notice_.Post(what);
     std::lock_guard<std::mutex> lock(mu_);
     if (!failed_.ok()) return;
     Status own = AbortedError("this rank posted its failure: " + std::string(what));
@@ -262,7 +258,7 @@ class NcclCommunicator final : public Communicator {
     if (!b.ok()) {
       STRATA_LOG(kWarn, "comm") << "no progress board for '" << options_.name << "': " << b.ToString();
     }
-    Status n = notice_.Init(mpi_);
+    Status n = notice_.Init(mpi_, &board_);
     if (!n.ok()) {
       STRATA_LOG(kWarn, "comm") << "no failure notices across nodes for '" << options_.name << "': " << n.ToString();
     }
@@ -359,7 +355,7 @@ class NcclCommunicator final : public Communicator {
         bad = NcclStatus(r, nccl_, "ncclCommGetAsyncError");
       } else if (async != ncclSuccess && async != ncclInProgress) {
         bad = NcclStatus(async, nccl_, "communicator '" + options_.name + "' asynchronous error");
-      } else if (std::string peer = PeerFailure(); !peer.empty()) {
+      } else if (std::string peer = notice_.First(); !peer.empty()) {
         const auto& op = inflight_.front();
         bad = AbortedError("collective #" + std::to_string(op->seq) + " " + op->what + " on NCCL communicator '" +
                            options_.name + "' (rank " + std::to_string(rank_) + ") abandoned: " + peer +
@@ -378,13 +374,6 @@ class NcclCommunicator final : public Communicator {
       STRATA_LOG(kError, "comm") << bad.ToString();
       AbortLocked(bad);
     }
-  }
-
-  // A failure a peer posted, on this node's board first (it has the earliest), else a
-  // notice from another node; empty when none.
-  std::string PeerFailure() {
-    std::string failed = board_.FailedRank();
-    return failed.empty() ? notice_.Received() : failed;
   }
 
   // With mu_ held: fails the communicator for good and every collective in flight.
@@ -410,7 +399,7 @@ class NcclCommunicator final : public Communicator {
   void* staging_ = nullptr;  // fp32 staging for bf16/fp16 reductions; stream-ordered use
   size_t staging_bytes_ = 0;
   WatchBoard board_;
-  FailureNotice notice_;  // PostFailure to the ranks the board does not reach
+  FailureNotice notice_;  // PostFailure: on board_ and to the ranks it does not reach
 
   std::mutex mu_;  // guards everything below, and serialises issuing
   std::condition_variable cv_;
