@@ -1,7 +1,8 @@
 // How the swap disk takes reads and writes together, which is what bounds a training
 // step with the optimizer and parameters on NVMe (docs/benchmarks.md, "Training step").
-// Each iteration is one pass over a 1 GiB file through the IoEngine (1 MiB requests,
-// depth 32, buffers in the host arena, as the engine's): all reads, all writes, or half
+// Each iteration is one pass over a 1 GiB file through the IoEngine (1 MiB requests at
+// depth 32 unless STRATA_BENCH_BLOCK_KIB / STRATA_BENCH_DEPTH say otherwise; buffers in
+// the host arena, as the engine's): all reads, all writes, or half
 // read and half written, either interleaved request by request (phase 0) or in phases
 // of N MiB of one direction, each phase queued once the previous one is done. Compare
 // the mixed rows with the additive rate of the same run, 1 / (0.5 / read + 0.5 / write).
@@ -26,9 +27,15 @@ namespace {
 using strata::IoOp;
 using strata::IoRequest;
 
-constexpr uint64_t kBlock = 1 << 20;
-constexpr uint64_t kBlocks = 1024;  // 1 GiB
-constexpr int kDepth = 32;
+// Request size and depth: the engine's defaults, or STRATA_BENCH_BLOCK_KIB and
+// STRATA_BENCH_DEPTH to see how the mixing cost depends on them.
+uint64_t EnvOr(const char* name, uint64_t fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::atoll(v) > 0 ? static_cast<uint64_t>(std::atoll(v)) : fallback;
+}
+const uint64_t kBlock = EnvOr("STRATA_BENCH_BLOCK_KIB", 1024) << 10;
+const uint64_t kBlocks = (1ull << 30) / kBlock;  // 1 GiB
+const int kDepth = static_cast<int>(EnvOr("STRATA_BENCH_DEPTH", 32));
 
 struct Fixture {
   std::string path;
@@ -100,7 +107,8 @@ void BM_Write(benchmark::State& state) {
 // Reads the first half of the file and writes the second; range(0): phase length in
 // MiB, 0 for request-by-request interleaving.
 void BM_Mixed(benchmark::State& state) {
-  const uint64_t phase = static_cast<uint64_t>(state.range(0));
+  // In requests: at least one for a non-zero phase.
+  const uint64_t phase = state.range(0) == 0 ? 0 : std::max<uint64_t>((state.range(0) << 20) / kBlock, 1);
   const uint64_t half = kBlocks / 2;
   Fix();
   for (auto _ : state) {

@@ -146,6 +146,12 @@ struct EngineLayoutInfo {
   int64_t optimizer_piece_elems = 0;
   int optimizer_staging_sets = 0;  // pinned sets of one piece's state each
   int optimizer_padding_pieces = 0;  // this rank's pieces wholly in chunk padding: never moved
+  // Stage 3, fp32 compute, optimizer and parameters both on NVMe: a gather reads the
+  // parameter shard from the master part of the optimizer state on disk, so there is no
+  // parameter swap and each step writes 4 bytes per parameter less. False when
+  // sub_group_size cuts pieces below 1024 elements (each piece's master must start on a
+  // 4 KiB boundary of the shard): the shard then has a swap of its own.
+  bool params_in_optimizer_state = false;
   // Stage 3: chunks that stay gathered on the device from their forward use to their
   // backward use instead of being gathered twice: those under
   // stage3_param_persistence_threshold, then the nearest reuses within

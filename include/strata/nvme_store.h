@@ -19,10 +19,10 @@
 // Close() (or destruction) removes the swap and lock files.
 //
 // Checksums (strata.checksum, on by default): every Write records an xxHash (XXH3-64)
-// per stripe-unit segment, computed on the engine's completion path in parallel with
-// the rest of the transfer; every Read verifies them, and a mismatch is Corruption
-// naming the path, slot, segment and file offset. Checksums live in memory only (the
-// swap is scratch space for one run).
+// per stripe-unit segment (cut also at the write's prefix, if it has one), computed on
+// the engine's completion path in parallel with the rest of the transfer; every Read
+// verifies them, and a mismatch is Corruption naming the path, slot, segment and file
+// offset. Checksums live in memory only (the swap is scratch space for one run).
 //
 // Speculative updates (the tier manager's two-slot scheme): allocate two slots per
 // block; write the new version into the slot not holding the committed one; commit by
@@ -83,10 +83,15 @@ class NvmeStore {
   // Writes `length` bytes (<= slot_size, aligned) to the start of `slot`, replacing its
   // contents. The handle completes when the data (and its checksums) are stored; a
   // failed write leaves the slot unreadable (FailedPrecondition) until rewritten.
-  Result<IoHandle> Write(SlotId slot, const void* buffer, uint64_t length);
-  // Reads back exactly what the last successful Write stored (`length` must equal the
-  // written length); Wait() returns Corruption on a checksum mismatch. `priority`:
-  // kUrgent for a read someone waits on, served before queued normal I/O (IoPriority).
+  // `prefix`: 0, or an aligned offset below `length` where a Read may stop (the first
+  // `prefix` bytes alone are then readable and verified: the checksum segments are cut
+  // there too); InvalidArgument otherwise.
+  Result<IoHandle> Write(SlotId slot, const void* buffer, uint64_t length, uint64_t prefix = 0);
+  // Reads back what the last successful Write stored: all of it (`length` equal to the
+  // written length) or its `prefix` (`length` equal to that Write's non-zero prefix);
+  // any other length is InvalidArgument. Wait() returns Corruption on a checksum
+  // mismatch. `priority`: kUrgent for a read someone waits on, served before queued
+  // normal I/O (IoPriority).
   Result<IoHandle> Read(SlotId slot, void* buffer, uint64_t length, IoPriority priority = IoPriority::kNormal);
 
   // Removes the swap and lock files. Refused (FailedPrecondition) with I/O in flight.

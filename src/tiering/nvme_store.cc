@@ -24,6 +24,7 @@ struct NvmeStore::Impl {
     bool allocated = false;
     std::atomic<bool> valid{false};  // last write completed with every byte and checksum
     uint64_t written = 0;
+    uint64_t prefix = 0;  // the last Write's `prefix`: a Read may stop there
     std::atomic<uint32_t> segs_left{0};
     std::atomic<bool> write_failed{false};
   };
@@ -47,14 +48,17 @@ struct NvmeStore::Impl {
   std::atomic<int64_t> inflight{0};
   bool closed = false;
 
-  // Splits [slot start, + length) at stripe boundaries; no allocation beyond `out`.
-  void Segments(SlotId slot, uint64_t length, std::vector<Segment>& out) const {
+  // Splits [slot start, + length) at stripe boundaries and at `cut` bytes into the slot
+  // (0: none), which is where a prefix read ends (Write's `prefix`).
+  void Segments(SlotId slot, uint64_t length, uint64_t cut, std::vector<Segment>& out) const {
     const uint64_t n = file_ids.size();
     uint64_t a = uint64_t(slot) * slot_size;
     const uint64_t end = a + length;
+    const uint64_t cut_at = cut > 0 && cut < length ? a + cut : end;
     while (a < end) {
       uint64_t s = a / stripe;
       uint64_t b = std::min(end, (s + 1) * stripe);
+      if (a < cut_at) b = std::min(b, cut_at);
       out.push_back(Segment{int(s % n), (s / n) * stripe + a % stripe, b - a, a - uint64_t(slot) * slot_size});
       a = b;
     }
@@ -122,7 +126,7 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::Open(IoEngine& engine, const NvmeS
   const uint64_t total = impl->slot_size * o.slot_count;
   const uint64_t stripes = (total + impl->stripe - 1) / impl->stripe;
   impl->file_size = (stripes + n - 1) / n * impl->stripe;
-  impl->max_segs = static_cast<uint32_t>(impl->slot_size / impl->stripe + 2);
+  impl->max_segs = static_cast<uint32_t>(impl->slot_size / impl->stripe + 3);  // + an unaligned start, a prefix cut
 
   STRATA_RETURN_IF_ERROR(impl->dirs.Acquire(o.paths, o.name));
   // On failure below, impl's destructor releases the directories and removes the files.
@@ -173,7 +177,7 @@ Status NvmeStore::Free(SlotId slot) {
   return OkStatus();
 }
 
-Result<IoHandle> NvmeStore::Write(SlotId slot, const void* buffer, uint64_t length) {
+Result<IoHandle> NvmeStore::Write(SlotId slot, const void* buffer, uint64_t length, uint64_t prefix) {
   Impl& m = *impl_;
   {
     std::lock_guard<std::mutex> lock(m.mu);
@@ -183,8 +187,14 @@ Result<IoHandle> NvmeStore::Write(SlotId slot, const void* buffer, uint64_t leng
     return InvalidArgumentError("NvmeStore::Write: length " + std::to_string(length) + " must be in 1.." +
                                 std::to_string(m.slot_size) + " (the slot size)");
   }
+  const uint64_t align = m.engine->options().alignment;
+  if (prefix >= length || prefix % align != 0) {
+    return InvalidArgumentError("NvmeStore::Write: prefix " + std::to_string(prefix) +
+                                " must be 0 or a multiple of " + std::to_string(align) + " below the length " +
+                                std::to_string(length));
+  }
   std::vector<Impl::Segment> segs;
-  m.Segments(slot, length, segs);
+  m.Segments(slot, length, prefix, segs);
   std::vector<IoRequest> reqs;
   reqs.reserve(segs.size());
   for (const auto& s : segs) {
@@ -194,6 +204,7 @@ Result<IoHandle> NvmeStore::Write(SlotId slot, const void* buffer, uint64_t leng
   Impl::SlotMeta& meta = m.meta[slot];
   meta.valid = false;
   meta.written = length;
+  meta.prefix = prefix;
   meta.write_failed = false;
   meta.segs_left = static_cast<uint32_t>(segs.size());
   uint64_t* sums = m.sums ? &m.sums[uint64_t(slot) * m.max_segs] : nullptr;
@@ -226,12 +237,15 @@ Result<IoHandle> NvmeStore::Read(SlotId slot, void* buffer, uint64_t length, IoP
     return FailedPreconditionError("NvmeStore::Read: slot " + std::to_string(slot) +
                                    " holds no complete data (never written, or its last write failed)");
   }
-  if (length != meta.written) {
+  if (length != meta.written && (meta.prefix == 0 || length != meta.prefix)) {
     return InvalidArgumentError("NvmeStore::Read: slot " + std::to_string(slot) + " holds " +
-                                std::to_string(meta.written) + " bytes; asked for " + std::to_string(length));
+                                std::to_string(meta.written) + " bytes" +
+                                (meta.prefix ? " (or a prefix of " + std::to_string(meta.prefix) + ")" : "") +
+                                "; asked for " + std::to_string(length));
   }
   std::vector<Impl::Segment> segs;
-  m.Segments(slot, length, segs);
+  // The write's cuts: the first segments of a prefix read are then the write's own.
+  m.Segments(slot, length, meta.prefix, segs);
   std::vector<IoRequest> reqs;
   reqs.reserve(segs.size());
   for (const auto& s : segs) {

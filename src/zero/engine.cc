@@ -271,6 +271,10 @@ Status Engine::Impl::AllocateMemory() {
   const uint64_t opt_bytes = opt_elems * 4;
   grad_slot_bytes = Align4K(opt_bytes);
   piece_elems = std::max<int64_t>(opt_elems, 1);
+  // Both on NVMe: the new 16-bit shard is assembled in one of two buffers and written
+  // behind while the next chunk steps into the other; in fp32 it is the master itself.
+  publish_behind = opt_tier == ZeroTier::kNvme && stage == 3 && param_tier == ZeroTier::kNvme;
+  param_from_master = publish_behind && compute == DType::kF32;
   if (opt_tier == ZeroTier::kNvme) {
     // sub_group_size (DeepSpeed's key) bounds a piece from above; the engine's own cap
     // keeps pieces small enough to pipeline whatever the model's chunk size.
@@ -278,6 +282,17 @@ Status Engine::Impl::AllocateMemory() {
         static_cast<int64_t>(std::min<uint64_t>(config.zero.sub_group_size, kPieceStateBytes / 12)), opt_elems);
     const int64_t k = (opt_elems + std::max<int64_t>(cap, 1) - 1) / std::max<int64_t>(cap, 1);
     piece_elems = std::max<int64_t>((opt_elems + k - 1) / k, 1);  // k pieces, none above the cap
+    // A gather reads each piece's master into its place in the shard: O_DIRECT wants
+    // every piece to start on a 4 KiB boundary there (the shard is a multiple of 2048),
+    // so pieces become multiples of 1024 elements, still under the cap. A cap below
+    // that keeps the parameter swap.
+    if (param_from_master && piece_elems % 1024 != 0) {
+      if (piece_elems > 1024) {
+        piece_elems = piece_elems / 1024 * 1024;
+      } else {
+        param_from_master = false;
+      }
+    }
   }
   pieces = static_cast<int>((opt_elems + piece_elems - 1) / piece_elems);
   if (pieces == 0) pieces = 1;
@@ -319,7 +334,7 @@ Status Engine::Impl::AllocateMemory() {
     dev += fixed_gather * chunk16;
     if (param_tier == ZeroTier::kDevice) dev += n_chunks * shard16;
     if (param_tier == ZeroTier::kHost) host += n_chunks * Align4K(shard16);
-    if (param_tier == ZeroTier::kNvme) nvme += n_chunks * Align4K(shard16);
+    if (param_tier == ZeroTier::kNvme && !param_from_master) nvme += n_chunks * Align4K(shard16);
   }
   if (stage == 3 || opt_tier != ZeroTier::kDevice) host += kParamStaging * Align4K(opt_elems * csize);
   const bool out16_on_device = stage == 3 && opt_tier == ZeroTier::kDevice && !device->host_accessible();
@@ -376,9 +391,6 @@ Status Engine::Impl::AllocateMemory() {
     if ((bytes + boundaries * block) / segment > bytes / segment) ++boundaries;
     return boundaries * block;
   };
-  // Both on NVMe: the new 16-bit shard is assembled in one of two buffers and written
-  // behind while the next chunk steps into the other.
-  publish_behind = opt_tier == ZeroTier::kNvme && stage == 3 && param_tier == ZeroTier::kNvme;
   if (publish_behind) host += 2 * Align4K(opt_elems * csize);
   if (opt_tier == ZeroTier::kNvme) {
     // Gradient shards wait for the step in pinned memory if the budget holds them
@@ -503,6 +515,7 @@ Status Engine::Impl::AllocateMemory() {
   info.optimizer_pieces = opt_tier == ZeroTier::kNvme ? pieces : 1;
   info.optimizer_piece_elems = opt_tier == ZeroTier::kNvme ? piece_elems : 0;
   info.optimizer_staging_sets = opt_staging_count;
+  info.params_in_optimizer_state = param_from_master;
   info.optimizer_padding_pieces = static_cast<int>(std::count(piece_live.begin(), piece_live.end(), 0));
   STRATA_LOG(kDebug, "engine") << "layout: " << l.num_params << " params in " << l.num_chunks << " chunks of "
                               << l.chunk_elems << " (shard " << l.shard_elems << "); device " << FormatBytes(dev)
@@ -581,7 +594,7 @@ Status Engine::Impl::AllocateMemory() {
     opt_staging.free.push_back(p);
   }
   if (publish_behind) {
-    param_write_of.resize(n_chunks);
+    param_source.resize(n_chunks);
     fresh_shard.assign(n_chunks, nullptr);
   }
   for (int i = 0; publish_behind && i < 2; ++i) {
@@ -635,7 +648,7 @@ Status Engine::Impl::AllocateMemory() {
       }
     }
     if (grad_tier == ZeroTier::kNvme) STRATA_RETURN_IF_ERROR(OpenGradStore());
-    if (param_tier == ZeroTier::kNvme) {
+    if (param_tier == ZeroTier::kNvme && !param_from_master) {
       NvmeStoreOptions so;
       so.paths = SwapPaths(config, config.zero.offload_param);
       so.name = "strata-param-r" + std::to_string(rank);
@@ -680,7 +693,7 @@ Status Engine::Impl::InitParams(const ParamInit& init) {
         const int64_t n = PieceElems(p);
         std::memcpy(set, full.data() + opt_offset + p * piece_elems, n * 4);
         std::memset(set + n, 0, 2 * n * 4);
-        auto h = opt_store->Write(o.slot[0][p], set, PieceBytes(p));
+        auto h = opt_store->Write(o.slot[0][p], set, PieceBytes(p), param_from_master ? n * 4 : 0);
         Status st = h.ok() ? h->Wait() : h.status();
         if (!st.ok()) {
           opt_staging.Give(set);

@@ -16,6 +16,7 @@
 // flight at once, and one shard's copy overlaps the next one's read.
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "strata/log.h"
 #include "zero/engine_impl.h"
@@ -33,12 +34,44 @@ void* Engine::Impl::ChunkParams(int chunk) {
 
 // Someone waits for a shard soon (the module it serves is at most the window ahead): it
 // goes to the disk before the optimizer's reads ahead and writes behind.
-Result<IoHandle> Engine::Impl::ReadParamShard(int chunk, void* staged) {
-  return param_store->Read(param_shard[chunk].slot, staged, layout.shard_elems * csize, IoPriority::kUrgent);
+Result<std::vector<IoHandle>> Engine::Impl::ReadParamShard(int chunk, void* staged) {
+  std::vector<IoHandle> reads;
+  if (!param_from_master) {
+    STRATA_ASSIGN_OR_RETURN(IoHandle h, param_store->Read(param_shard[chunk].slot, staged,
+                                                          layout.shard_elems * csize, IoPriority::kUrgent));
+    reads.push_back(h);
+    return reads;
+  }
+  int version;
+  {
+    std::lock_guard lock(param_write_mu);
+    version = param_source[chunk].version;
+  }
+  for (int p = 0; p < pieces; ++p) {
+    uint8_t* dst = static_cast<uint8_t*>(staged) + p * piece_elems * 4;
+    if (!PieceLive(chunk, p)) {
+      std::memset(dst, 0, PieceElems(p) * 4);  // never written: zeros, as its state
+      continue;
+    }
+    auto h = opt_store->Read(opt[chunk].slot[version][p], dst, PieceElems(p) * 4, IoPriority::kUrgent);
+    if (!h.ok()) {
+      for (const IoHandle& r : reads) (void)r.Wait();  // the buffer goes back only when quiet
+      return h.status();
+    }
+    reads.push_back(*h);
+  }
+  return reads;
+}
+
+uint64_t Engine::Impl::ShardReadBytes(int chunk) const {
+  if (!param_from_master) return layout.shard_elems * csize;
+  uint64_t bytes = 0;
+  for (int p = 0; p < pieces; ++p) bytes += PieceLive(chunk, p) ? PieceElems(p) * 4 : 0;
+  return bytes;
 }
 
 // Brings this rank's 16-bit shard of `chunk` into dst (device memory).
-Status Engine::Impl::FetchShard(int chunk, void* dst, void* staged, std::optional<IoHandle> read, void* fresh,
+Status Engine::Impl::FetchShard(int chunk, void* dst, void* staged, std::vector<IoHandle> reads, void* fresh,
                                 std::chrono::steady_clock::time_point start) {
   const uint64_t bytes = layout.shard_elems * csize;
   int64_t t0 = NowNs();
@@ -59,15 +92,18 @@ Status Engine::Impl::FetchShard(int chunk, void* dst, void* staged, std::optiona
         staged = param_staging.Take();
         --fetches_awaiting_staging;
       }
-      if (!read) {
+      if (reads.empty()) {
         st = WaitParamWrite(chunk);
-        auto h = st.ok() ? ReadParamShard(chunk, staged) : Result<IoHandle>(st);
-        if (h.ok()) read = *h;
+        auto h = st.ok() ? ReadParamShard(chunk, staged) : Result<std::vector<IoHandle>>(st);
+        if (h.ok()) reads = std::move(*h);
         st = h.status();
       }
-      if (st.ok()) st = read->Wait();
+      for (const IoHandle& r : reads) {
+        Status done = r.Wait();  // every one: the buffer is reused after
+        if (st.ok()) st = done;
+      }
       if (st.ok()) {
-        bytes_nvme_read += bytes;
+        bytes_nvme_read += ShardReadBytes(chunk);
         st = CopyToDevice(dst, staged, bytes);
       }
       param_staging.Give(staged);
@@ -88,7 +124,7 @@ void Engine::Impl::StartGather(int chunk) {
   const auto start = std::chrono::steady_clock::now();
   const int64_t issued_ns = NowNs();
   void* staged = nullptr;
-  std::optional<IoHandle> read;
+  std::vector<IoHandle> reads;
   void* fresh = param_tier == ZeroTier::kNvme ? BorrowFresh(chunk) : nullptr;
   if (fresh != nullptr) ++shards_from_memory;
   // A shard the last step is still writing is read by FetchShard once it is on disk.
@@ -100,7 +136,7 @@ void Engine::Impl::StartGather(int chunk) {
       fetches_awaiting_staging.load() == 0 && (staged = param_staging.TryTake()) != nullptr) {
     auto h = ReadParamShard(chunk, staged);
     if (h.ok()) {
-      read = *h;
+      reads = std::move(*h);
     } else {
       // FetchShard reads again and reports the error with its context.
       param_staging.Give(staged);
@@ -108,8 +144,8 @@ void Engine::Impl::StartGather(int chunk) {
     }
   }
   if (param_tier == ZeroTier::kNvme && fresh == nullptr && staged == nullptr) ++fetches_awaiting_staging;
-  std::shared_future<Status> fetched = fetch_worker.Submit([this, chunk, mine, staged, read, fresh, start] {
-    return FetchShard(chunk, mine, staged, read, fresh, start);
+  std::shared_future<Status> fetched = fetch_worker.Submit([this, chunk, mine, staged, reads, fresh, start] {
+    return FetchShard(chunk, mine, staged, reads, fresh, start);
   });
   g.ready = comm_worker.Submit([this, fetched, g, mine, chunk, issued_ns] {
     STRATA_RETURN_IF_ERROR(fetched.get());

@@ -89,7 +89,7 @@ struct Engine::Impl {
   std::unique_ptr<IoEngine> io;
   std::shared_ptr<IoFaultHook> io_fault_hook;  // EngineResources::io_fault_hook (tests)
   std::unique_ptr<NvmeStore> opt_store;    // master|m|v per chunk, two slots each
-  std::unique_ptr<NvmeStore> param_store;  // 16-bit param shard per chunk (stage 3)
+  std::unique_ptr<NvmeStore> param_store;  // 16-bit param shard per chunk (stage 3; not with param_from_master)
   std::unique_ptr<NvmeStore> grad_store;   // fp32 gradient shard per chunk (grad_tier nvme)
   int rank = 0, world_size = 1;
   int stage = 0;
@@ -239,14 +239,34 @@ struct Engine::Impl {
   // piece, and writes it behind (nothing waits for it before the next forward).
   Pool out16_staging;
   bool publish_behind = false;
+  // publish_behind with fp32 compute: the parameter shard is bit for bit the master, which
+  // the optimizer state write already puts on disk, so there is no parameter swap. A
+  // gather reads the master part of the chunk's optimizer slots (written with that
+  // prefix, NvmeStore::Write), of the version its last commit chose (param_source): one
+  // write of 4 bytes per parameter less each step, and a rolled-back step's parameters go
+  // back with its state.
+  bool param_from_master = false;
+  // param_from_master: out16 buffers that hold fresh shards, never written; the oldest
+  // is reused first (optimizer thread).
+  std::deque<void*> out16_kept;
   Result<void*> TakeOut16Staging();
-  // The last write of each chunk's 16-bit shard to param_store, which may still be in
-  // flight when the next forward gathers the chunk (the optimizer thread sets it, the
-  // training and fetch threads wait for it).
+  // Where the next gather of each chunk reads its shard, and the writes that must be on
+  // disk first: the last write to param_store, or (param_from_master) the version of the
+  // optimizer slots and their writes, which may still be in flight when the next forward
+  // gathers the chunk. The optimizer and training threads set it, while no gather is in
+  // flight (Step(), creation); the fetch and training threads read it.
+  struct ParamSource {
+    int version = 0;  // param_from_master: opt[chunk].slot[version]
+    std::vector<IoHandle> writes;
+  };
   std::mutex param_write_mu;
-  std::vector<IoHandle> param_write_of;
+  std::vector<ParamSource> param_source;  // by chunk, guarded by param_write_mu
   bool ParamWriteDone(int chunk);
   Status WaitParamWrite(int chunk);
+  // param_from_master: points the chunk's parameter source at the version its commit
+  // chose (the pending one while the commit is deferred) and the writes of it still
+  // queued. Optimizer or training thread, as opt[chunk].
+  void SyncParamSource(int chunk);
   // The out16 buffer that still holds each chunk's last shard written behind, until the
   // step takes it again: the last chunks stepped are the first the next forward needs,
   // and it copies them from memory instead of waiting for the write and reading it back.
@@ -354,13 +374,15 @@ struct Engine::Impl {
   // Starts gathers for the chunks of the next prefetch_modules modules after `pos`.
   void Prefetch(int pos);
   void StartGather(int chunk);
-  // Reads this rank's 16-bit shard of `chunk` from NVMe into `staged`, as urgent I/O.
-  Result<IoHandle> ReadParamShard(int chunk, void* staged);
+  // Reads this rank's 16-bit shard of `chunk` from NVMe into `staged`, as urgent I/O:
+  // one read, or one per live piece (param_from_master). Its writes must be done.
+  Result<std::vector<IoHandle>> ReadParamShard(int chunk, void* staged);
+  uint64_t ShardReadBytes(int chunk) const;  // what ReadParamShard reads from disk
   // After the module at `pos` ran: frees gathered chunks no module in the window needs.
   void ReleaseGathered(int module, int pos);
   // NVMe tier: `fresh` is a borrowed copy in memory (BorrowFresh; returned here), else
-  // `read` is the read already issued into `staged`, or empty to read now.
-  Status FetchShard(int chunk, void* dst, void* staged, std::optional<IoHandle> read, void* fresh,
+  // `reads` are the reads already issued into `staged`, or none to read now.
+  Status FetchShard(int chunk, void* dst, void* staged, std::vector<IoHandle> reads, void* fresh,
                     std::chrono::steady_clock::time_point start);
   // Reads the optimizer state of the chunks the backward steps first into free staging
   // sets (last micro-batch, optimizer on NVMe, overlap on); runs on opt_worker.

@@ -34,13 +34,30 @@ Status Engine::Impl::WaitWrite(const NvmeWrite& w) {
 }
 
 void Engine::Impl::RollBackEpoch(int64_t epoch) {
-  for (OptChunk& o : opt) {
+  for (size_t c = 0; c < opt.size(); ++c) {
+    OptChunk& o = opt[c];
     if (epoch < 0 || o.commit_epoch != epoch) continue;
     if (!o.commit_deferred) o.current = 1 - o.current;
     o.commit_deferred = false;
     o.commit_epoch = -1;
     o.has_pending = false;
+    SyncParamSource(static_cast<int>(c));
   }
+}
+
+void Engine::Impl::SyncParamSource(int chunk) {
+  if (!param_from_master) return;
+  const OptChunk& o = opt[chunk];
+  ParamSource src;
+  src.version = o.commit_deferred ? 1 - o.current : o.current;
+  for (const NvmeWrite& w : nvme_writes) {
+    if (w.chunk != chunk) continue;
+    for (int p = 0; p < pieces; ++p) {
+      if (w.slot == o.slot[src.version][p]) src.writes.push_back(w.handle);
+    }
+  }
+  std::lock_guard lock(param_write_mu);
+  param_source[chunk] = std::move(src);
 }
 
 Status Engine::Impl::SettleEarlierSteps() {
@@ -66,6 +83,10 @@ Result<float*> Engine::Impl::TakeOptStaging() {
 
 Result<void*> Engine::Impl::TakeOut16Staging() {
   void* p = out16_staging.TryTake();
+  if (p == nullptr && !out16_kept.empty()) {
+    p = out16_kept.front();
+    out16_kept.pop_front();
+  }
   if (p == nullptr && !param_writes.empty()) {
     STRATA_ASSIGN_OR_RETURN(p, ReuseOldest(param_writes));
   }
@@ -81,9 +102,10 @@ void* Engine::Impl::BorrowFresh(int chunk) {
     // A write that failed is reported where the gather waits for it (FetchShard), not
     // hidden behind a copy of what never reached the disk.
     std::lock_guard lock(param_write_mu);
-    if (!param_write_of.empty() && param_write_of[chunk].valid() && param_write_of[chunk].Poll() &&
-        !param_write_of[chunk].Wait().ok()) {
-      return nullptr;
+    if (!param_source.empty()) {
+      for (const IoHandle& h : param_source[chunk].writes) {
+        if (h.Poll() && !h.Wait().ok()) return nullptr;
+      }
     }
   }
   std::lock_guard lock(fresh_mu);
@@ -120,16 +142,24 @@ Status Engine::Impl::WaitSlotWrites(const std::deque<NvmeWrite>& writes, SlotId 
 
 bool Engine::Impl::ParamWriteDone(int chunk) {
   std::lock_guard lock(param_write_mu);
-  return param_write_of.empty() || !param_write_of[chunk].valid() || param_write_of[chunk].Poll();
+  if (param_source.empty()) return true;
+  for (const IoHandle& h : param_source[chunk].writes) {
+    if (!h.Poll()) return false;
+  }
+  return true;
 }
 
 Status Engine::Impl::WaitParamWrite(int chunk) {
-  IoHandle h;
+  std::vector<IoHandle> writes;
   {
     std::lock_guard lock(param_write_mu);
-    if (!param_write_of.empty()) h = param_write_of[chunk];
+    if (!param_source.empty()) writes = param_source[chunk].writes;
   }
-  return h.valid() ? h.Wait().WithContext("writing parameters to NVMe") : OkStatus();
+  for (const IoHandle& h : writes) {
+    STRATA_RETURN_IF_ERROR(h.Wait().WithContext(param_from_master ? "writing optimizer state to NVMe"
+                                                                  : "writing parameters to NVMe"));
+  }
+  return OkStatus();
 }
 
 Status Engine::Impl::SettleCommit(int chunk) {
@@ -276,7 +306,9 @@ Status Engine::Impl::StepPieceNvme(int chunk, int piece, float grad_scale, bool 
     const SlotId slot = o.slot[1 - o.current][piece];
     s = SettleEarlierSteps();
     if (s.ok()) s = WaitSlotWrites(nvme_writes, slot);
-    auto wr = s.ok() ? opt_store->Write(slot, st, PieceBytes(piece)) : Result<IoHandle>(s);
+    // The master part alone is readable too when a gather reads it as the parameter shard.
+    auto wr = s.ok() ? opt_store->Write(slot, st, PieceBytes(piece), param_from_master ? n * 4 : 0)
+                     : Result<IoHandle>(s);
     if (wr.ok()) {
       bytes_nvme_written += PieceBytes(piece);
       nvme_writes.push_back(NvmeWrite{*wr, st, slot, chunk, step_epoch, "writing optimizer state to NVMe"});
@@ -350,7 +382,16 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
     if (!s.ok()) (void)grad_read.Wait();  // the buffer must be quiet before reuse
     grad_host.Give(grad_buf);
   }
-  if (publish_behind) {
+  if (param_from_master) {
+    // Its values are the master just written behind: kept in memory for the next
+    // forward, never written on their own.
+    if (s.ok()) {
+      SetFresh(chunk, out);
+      out16_kept.push_back(out);
+    } else if (out != nullptr) {
+      out16_staging.Give(out);
+    }
+  } else if (publish_behind) {
     if (s.ok()) s = WaitParamWrite(chunk);
     if (s.ok()) {
       const SlotId slot = param_shard[chunk].slot;
@@ -360,7 +401,7 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
         param_writes.push_back(NvmeWrite{*pw, out, slot, -1, -1, "writing parameters to NVMe"});
         SetFresh(chunk, out);
         std::lock_guard lock(param_write_mu);
-        param_write_of[chunk] = *pw;
+        param_source[chunk].writes = {*pw};
         out = nullptr;
       } else {
         s = pw.status();
@@ -380,6 +421,7 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
   } else {
     o.commit_deferred = true;  // current once the writes are on disk (SettleCommit)
     o.commit_epoch = step_epoch;
+    SyncParamSource(chunk);
   }
   return OkStatus();
 }

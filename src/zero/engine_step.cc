@@ -41,6 +41,8 @@ Status Engine::Impl::PublishParams(int chunk, const void* src, bool from_host) {
     case ZeroTier::kHost: std::memcpy(param_shard[chunk].ptr, src, bytes); return OkStatus();
     case ZeroTier::kNvme: {
       SetFresh(chunk, nullptr);  // a shard written behind earlier is stale now
+      // The gather reads the committed master itself (SyncParamSource points at it).
+      if (param_from_master) return OkStatus();
       auto h = param_store->Write(param_shard[chunk].slot, src, bytes);
       STRATA_RETURN_IF_ERROR((h.ok() ? h->Wait() : h.status()).WithContext("writing parameters to NVMe"));
       bytes_nvme_written += bytes;
@@ -135,6 +137,7 @@ Status Engine::Impl::CommitChunk(int chunk) {
   if (opt_tier == ZeroTier::kNvme) {
     o.commit_deferred = true;  // current once its writes are on disk (SettleCommit)
     o.commit_epoch = step_epoch;
+    SyncParamSource(chunk);
   } else {
     std::lock_guard lock(spare_mu);
     spare_states.push_back(o.state);
@@ -162,6 +165,11 @@ Status Engine::Impl::DiscardChunk(int chunk) {
 // Republishes the compute copy from the committed master (after a skipped step whose
 // speculation had already published new values).
 Status Engine::Impl::RestoreParams(int chunk) {
+  if (param_from_master) {
+    // The next gather reads the committed master; only the copy kept in memory is stale.
+    SetFresh(chunk, nullptr);
+    return OkStatus();
+  }
   OptChunk& o = opt[chunk];
   std::vector<float> master(opt_elems);
   if (opt_tier == ZeroTier::kNvme) {

@@ -163,6 +163,7 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
                 {"chunk_elems", main.layout.chunk_elems},
                 {"micro_batch", o.spec.micro_batch},
                 {"kept_chunks", main.layout.kept_chunks},
+                {"params_in_optimizer_state", main.layout.params_in_optimizer_state},
                 {"carried_chunks", main.layout.carried_chunks},
                 {"hidden", o.spec.model.hidden}};
   j["budget_need"] = {{"device", main.layout.device_need}, {"host", main.layout.host_need},
@@ -260,6 +261,9 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
       out += "; " + std::to_string(main.layout.carried_chunks) + " carried between micro-batches";
     }
     out += "\n";
+  }
+  if (main.layout.params_in_optimizer_state) {
+    out += "  parameter shards     read from the optimizer state's master on NVMe (no parameter swap)\n";
   }
   if (o.measure_rates) {
     out += "  model: bound " + FormatSeconds(model.bound_s) + " (cpu lanes " + FormatSeconds(model.cpu_s) +

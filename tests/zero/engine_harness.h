@@ -30,9 +30,13 @@ struct Combo {
   int sub_group = 0;
 };
 
-// A sub_group_size that cuts SmallSpec's chunk shards into pieces of at most 1000 elements
-// (the engine's alignment), several per chunk at world sizes 1, 2 and 4.
-inline constexpr int kPiecedSubGroup = 1000;
+// A sub_group_size that cuts SmallSpec's chunk shards into pieces of 1024 elements, several
+// per chunk at world sizes 1, 2 and 4: with fp32 compute and both on NVMe the gathers then
+// read the parameter shard from the pieces' masters (EngineLayoutInfo::params_in_optimizer_state).
+inline constexpr int kPiecedSubGroup = 1024;
+// Pieces of at most 1000 elements: too small to start on a 4 KiB boundary of the shard, so
+// the parameter shard keeps a swap of its own.
+inline constexpr int kSmallPieceSubGroup = 1000;
 
 // Every combination DeepSpeed allows: offload needs stage >= 1, NVMe optimizer offload
 // and parameter offload need stage 3.
@@ -49,6 +53,7 @@ inline std::vector<Combo> AllCombos() {
   // Chunks stepped in pieces (the last one shorter), with each gradient path.
   for (const char* g : {"auto", "nvme", "host"}) c.push_back({3, "nvme", "nvme", g, kPiecedSubGroup});
   c.push_back({3, "nvme", "cpu", "auto", kPiecedSubGroup});
+  c.push_back({3, "nvme", "nvme", "auto", kSmallPieceSubGroup});
   return c;
 }
 
