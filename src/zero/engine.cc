@@ -284,10 +284,13 @@ Status Engine::Impl::AllocateMemory() {
     piece_elems = std::max<int64_t>((opt_elems + k - 1) / k, 1);  // k pieces, none above the cap
     // A gather reads each piece's master into its place in the shard: O_DIRECT wants
     // every piece to start on a 4 KiB boundary there (the shard is a multiple of 2048),
-    // so pieces become multiples of 1024 elements, still under the cap. A cap below
-    // that keeps the parameter swap.
+    // so pieces become multiples of 1024 elements: rounded up (no more pieces) unless
+    // that passes the cap, then down. A cap below 1024 keeps the parameter swap.
     if (param_from_master && piece_elems % 1024 != 0) {
-      if (piece_elems > 1024) {
+      const int64_t up = (piece_elems + 1023) / 1024 * 1024;
+      if (up <= cap) {
+        piece_elems = up;
+      } else if (piece_elems > 1024) {
         piece_elems = piece_elems / 1024 * 1024;
       } else {
         param_from_master = false;

@@ -253,8 +253,10 @@ struct Engine::Impl {
   // Where the next gather of each chunk reads its shard, and the writes that must be on
   // disk first: the last write to param_store, or (param_from_master) the version of the
   // optimizer slots and their writes, which may still be in flight when the next forward
-  // gathers the chunk. The optimizer and training threads set it, while no gather is in
-  // flight (Step(), creation); the fetch and training threads read it.
+  // gathers the chunk. The optimizer and training threads set it: at a commit (Step(),
+  // no gather in flight), or when a lost write rolls a step back, which only points it
+  // at a version already on disk that no later write touches; the fetch and training
+  // threads read it.
   struct ParamSource {
     int version = 0;  // param_from_master: opt[chunk].slot[version]
     std::vector<IoHandle> writes;

@@ -42,6 +42,8 @@ void Engine::Impl::RollBackEpoch(int64_t epoch) {
     o.commit_epoch = -1;
     o.has_pending = false;
     SyncParamSource(static_cast<int>(c));
+    // The copy kept in memory is the lost step's: the next gather reads the disk's.
+    if (param_from_master) SetFresh(static_cast<int>(c), nullptr);
   }
 }
 
