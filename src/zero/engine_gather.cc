@@ -127,13 +127,16 @@ void Engine::Impl::StartGather(int chunk) {
   std::vector<IoHandle> reads;
   void* fresh = param_tier == ZeroTier::kNvme ? BorrowFresh(chunk) : nullptr;
   if (fresh != nullptr) ++shards_from_memory;
-  // A shard the last step is still writing is read by FetchShard once it is on disk.
   // Fetches run in order on fetch_worker, and one without a buffer takes one there,
   // blocking: so a gather may take a buffer here only while no earlier one waits for
   // one, else the buffers could all go to gathers queued behind the waiter (a deadlock
-  // a deeper prefetch window made happen).
-  if (param_tier == ZeroTier::kNvme && fresh == nullptr && ParamWriteDone(chunk) &&
-      fetches_awaiting_staging.load() == 0 && (staged = param_staging.TryTake()) != nullptr) {
+  // a deeper prefetch window made happen). A shard the last step is still writing is
+  // read by FetchShard once it is on disk, into the buffer taken here all the same: the
+  // gathers after it then still take theirs and read at once (without, the first
+  // gathers of a forward queued behind the previous step's last writes one at a time,
+  // leaving the disk idle in between).
+  if (param_tier == ZeroTier::kNvme && fresh == nullptr && fetches_awaiting_staging.load() == 0 &&
+      (staged = param_staging.TryTake()) != nullptr && ParamWriteDone(chunk)) {
     auto h = ReadParamShard(chunk, staged);
     if (h.ok()) {
       reads = std::move(*h);
