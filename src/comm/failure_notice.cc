@@ -47,15 +47,9 @@ void FailureNotice::Free() {
   sends_.clear();
   // Notices nobody asked for (the collectives ended first) are taken, so none is left
   // unmatched when the communicator goes.
-  for (;;) {
-    int flag = 0;
-    MPI_Message msg;
-    MPI_Status st;
-    if (MPI_Improbe(MPI_ANY_SOURCE, kTag, comm_, &flag, &msg, &st) != MPI_SUCCESS || !flag) break;
-    int count = 0;
-    if (MPI_Get_count(&st, MPI_CHAR, &count) != MPI_SUCCESS) break;
-    std::string text(static_cast<size_t>(std::max(count, 0)), '\0');
-    if (MPI_Mrecv(text.data(), count, MPI_CHAR, &msg, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+  std::string text;
+  int source = 0;
+  while (TakeMessage(&text, &source) == MPI_SUCCESS && source >= 0) {
   }
   const int rc = MPI_Comm_free(&comm_);
   if (rc != MPI_SUCCESS)
@@ -87,25 +81,40 @@ bool FailureNotice::Post(std::string_view what) {
   return true;
 }
 
-std::string FailureNotice::Received() {
-  std::lock_guard lock(mu_);
-  if (!received_.empty() || probe_failed_ || comm_ == MPI_COMM_NULL) return received_;
+Status FailureNotice::OwnFailure(bool posted, std::string_view what) {
+  return AbortedError((posted ? "this rank posted its failure: " : "this rank failed after a peer did: ") +
+                      std::string(what));
+}
+
+int FailureNotice::TakeMessage(std::string* text, int* source) {
+  *source = -1;
   int flag = 0;
   MPI_Message msg;
   MPI_Status st;
   int rc = MPI_Improbe(MPI_ANY_SOURCE, kTag, comm_, &flag, &msg, &st);
-  if (rc == MPI_SUCCESS && !flag) return received_;
+  if (rc != MPI_SUCCESS || !flag) return rc;
   int count = 0;
-  if (rc == MPI_SUCCESS) rc = MPI_Get_count(&st, MPI_CHAR, &count);
-  std::string text(static_cast<size_t>(std::max(count, 0)), '\0');
-  if (rc == MPI_SUCCESS) rc = MPI_Mrecv(text.data(), count, MPI_CHAR, &msg, MPI_STATUS_IGNORE);
+  rc = MPI_Get_count(&st, MPI_CHAR, &count);
+  if (rc != MPI_SUCCESS) return rc;
+  text->assign(static_cast<size_t>(std::max(count, 0)), '\0');
+  rc = MPI_Mrecv(text->data(), count, MPI_CHAR, &msg, MPI_STATUS_IGNORE);
+  if (rc == MPI_SUCCESS) *source = st.MPI_SOURCE;
+  return rc;
+}
+
+std::string FailureNotice::Received() {
+  std::lock_guard lock(mu_);
+  if (!received_.empty() || probe_failed_ || comm_ == MPI_COMM_NULL) return received_;
+  std::string text;
+  int source = -1;
+  const int rc = TakeMessage(&text, &source);
   if (rc != MPI_SUCCESS) {
     STRATA_LOG(kWarn, "comm") << MpiStatus(rc, "receiving a failure notice").ToString()
                               << " (notices from other nodes are no longer looked for)";
     probe_failed_ = true;
-    return received_;
+  } else if (source >= 0) {
+    received_ = "rank " + std::to_string(source) + " failed: " + text;
   }
-  received_ = "rank " + std::to_string(st.MPI_SOURCE) + " failed: " + text;
   return received_;
 }
 

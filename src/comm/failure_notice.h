@@ -45,6 +45,9 @@ class FailureNotice {
   // and name this rank instead. Returns whether it posted. MPI errors are logged, not
   // returned: the caller is already failing, and its peers still have the watchdog.
   bool Post(std::string_view what);
+  // What the posting rank's own communicator is failed with: Aborted, saying whether it
+  // posted `what` or failed after a peer did (Post's result).
+  static Status OwnFailure(bool posted, std::string_view what);
   // Any thread: the failure a peer posted, as "rank 3 failed: <what>": the board's
   // first, else the first message that arrived; empty when none. Plain loads, then one
   // MPI_Improbe per call until a message arrives.
@@ -53,6 +56,9 @@ class FailureNotice {
  private:
   // The first message that arrived, else empty.
   std::string Received();
+  // With mu_ held: receives one waiting notice into *text, setting *source to its
+  // sender, or to -1 when none is waiting. Returns the first failing MPI call's code.
+  int TakeMessage(std::string* text, int* source);
 
   static constexpr int kTag = 1;
   static constexpr size_t kMaxText = 255;

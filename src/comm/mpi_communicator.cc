@@ -256,10 +256,7 @@ void MpiCommunicator::PostFailure(std::string_view what) {
   if (size_ == 1) return;
   const bool posted = notice_.Post(what);
   std::lock_guard<std::mutex> lock(mu_);
-  if (failed_.ok()) {
-    failed_ = AbortedError((posted ? "this rank posted its failure: " : "this rank failed after a peer did: ") +
-                           std::string(what));
-  }
+  if (failed_.ok()) failed_ = FailureNotice::OwnFailure(posted, what);
 }
 
 Status MpiCommunicator::Watchdog(uint64_t seq, const std::string& what) {

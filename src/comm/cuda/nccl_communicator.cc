@@ -231,10 +231,10 @@ class NcclCommunicator final : public Communicator {
 
   void PostFailure(std::string_view what) override {
     if (size_ == 1) return;
-    notice_.Post(what);
+    const bool posted = notice_.Post(what);
     std::lock_guard<std::mutex> lock(mu_);
     if (!failed_.ok()) return;
-    Status own = AbortedError("this rank posted its failure: " + std::string(what));
+    Status own = FailureNotice::OwnFailure(posted, what);
     // Collectives in flight will not complete once the peers abort theirs: waiting for
     // them (the engine does, abandoning its step) must not hang.
     if (inflight_.empty()) {
