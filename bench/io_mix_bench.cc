@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -29,11 +30,22 @@ using strata::IoRequest;
 
 // Request size and depth: the engine's defaults, or STRATA_BENCH_BLOCK_KIB and
 // STRATA_BENCH_DEPTH to see how the mixing cost depends on them.
-uint64_t EnvOr(const char* name, uint64_t fallback) {
+// A set variable must be a whole number, positive and a multiple of `multiple`; anything
+// else stops the bench naming it, rather than running a pass nobody asked for.
+uint64_t EnvOr(const char* name, uint64_t fallback, uint64_t multiple = 1) {
   const char* v = std::getenv(name);
-  return v != nullptr && std::atoll(v) > 0 ? static_cast<uint64_t>(std::atoll(v)) : fallback;
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (*end != '\0' || n == 0 || n % multiple != 0 || n > (1ull << 20)) {
+    std::fprintf(stderr, "io_mix_bench: %s=%s: want a whole number from %llu to %llu, a multiple of %llu\n", name,
+                 v, static_cast<unsigned long long>(multiple), 1ull << 20, static_cast<unsigned long long>(multiple));
+    std::exit(2);
+  }
+  return n;
 }
-const uint64_t kBlock = EnvOr("STRATA_BENCH_BLOCK_KIB", 1024) << 10;
+// KiB: O_DIRECT requests are whole 4 KiB blocks.
+const uint64_t kBlock = EnvOr("STRATA_BENCH_BLOCK_KIB", 1024, 4) << 10;
 const uint64_t kBlocks = (1ull << 30) / kBlock;  // 1 GiB
 const int kDepth = static_cast<int>(EnvOr("STRATA_BENCH_DEPTH", 32));
 
