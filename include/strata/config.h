@@ -109,9 +109,13 @@ struct Config {
   bool bf16 = false;
   Fp16Config fp16;
   double gradient_clipping = 0;  // 0: off
+  // DeepSpeed's three batch keys, tied by train_batch_size = micro batch x accumulation
+  // x world size. As parsed, 0 (and accumulation_given false) means the key was absent;
+  // ResolveBatchSizes fills in the rest once the world size is known.
   int gradient_accumulation_steps = 1;
-  int train_micro_batch_size_per_gpu = 1;
-  int train_batch_size = 0;  // 0: micro batch x accumulation x world size
+  bool gradient_accumulation_given = false;
+  int train_micro_batch_size_per_gpu = 0;
+  int train_batch_size = 0;
   OptimizerConfig optimizer;
   StrataConfig strata;
   uint64_t seed = 1234;
@@ -121,6 +125,14 @@ struct Config {
 // parameters'): its nvme_path, else strata.swap_paths. One rule for the engine's stores
 // and for the tools that measure their disk.
 const std::vector<std::string>& SwapPaths(const Config& config, const OffloadConfig& offload);
+
+// DeepSpeed's batch rule over `world_size` ranks: whichever of train_batch_size,
+// train_micro_batch_size_per_gpu and gradient_accumulation_steps the config left out is
+// derived from the others (with train_batch_size alone, accumulation is 1; with neither
+// batch size, the micro batch is `default_micro_batch`, where DeepSpeed would refuse).
+// InvalidArgument naming the three values when the given ones disagree or do not
+// divide. Idempotent: a resolved config stays as it is.
+Status ResolveBatchSizes(Config* config, int world_size, int default_micro_batch);
 
 // Parses and validates a configuration document.
 Result<Config> ParseConfig(const nlohmann::json& doc);

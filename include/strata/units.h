@@ -27,6 +27,8 @@ std::string FormatBytes(uint64_t bytes);
 std::string FormatRate(double bytes_per_second);
 // "1.23 ms", "45.6 us", "2.00 s".
 std::string FormatSeconds(double seconds);
+// "20.1M", "1.50G", "295" (decimal, as ParseCount reads them).
+std::string FormatCount(double n);
 
 constexpr uint64_t KiB = 1024;
 constexpr uint64_t MiB = 1024 * KiB;

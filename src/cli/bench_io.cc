@@ -16,6 +16,7 @@
 
 #include "cli/commands.h"
 #include "cli/table.h"
+#include "strata/topology.h"
 #include "strata/units.h"
 
 namespace strata::cli {
@@ -73,6 +74,43 @@ struct Point {
   Figures strata, fio;
 };
 
+// What memory the buffers of strata and fio go on.
+struct BufferPlan {
+  bool small_pages = false;   // strata's on 4 KiB pages
+  std::string fio_hugetlbfs;  // fio's from this hugetlbfs mount
+  bool fio_thp = false;       // fio's on transparent huge pages (malloc)
+};
+
+BufferPlan PlanBuffers(const BenchIoOptions& o, bool with_fio, uint64_t buffer_bytes) {
+  BufferPlan plan;
+  plan.small_pages = o.small_pages;
+  if (!with_fio || plan.small_pages) return plan;
+  plan.fio_hugetlbfs = benchio::HugetlbfsWithRoom(buffer_bytes + (2u << 20));
+  if (!plan.fio_hugetlbfs.empty()) return plan;
+  const std::string thp = QueryHugePages().thp_enabled;
+  if (thp == "always" || thp == "madvise") {
+    plan.fio_thp = true;
+    return plan;
+  }
+  plan.small_pages = true;
+  std::fprintf(
+      stderr,
+      "bench io: transparent huge pages are '%s' and no hugetlbfs mount has %s of free huge pages for "
+      "fio, so strata's buffers are on 4 KiB pages too (like for like). To compare on huge pages "
+      "(the host arena's): mount -t hugetlbfs none /dev/hugepages; echo %llu > "
+      "/proc/sys/vm/nr_hugepages; or run --no-fio for strata alone.\n",
+      thp.empty() ? "unavailable" : thp.c_str(), FormatBytes(buffer_bytes).c_str(),
+      static_cast<unsigned long long>((buffer_bytes >> 21) + 2));
+  return plan;
+}
+
+std::string PagesText(const IoBench& bench) {
+  if (bench.huge_page_bytes() == bench.buffer_size()) return "2 MiB huge pages";
+  if (bench.huge_page_bytes() == 0) return "4 KiB pages";
+  return FormatBytes(bench.huge_page_bytes()) + " of " + FormatBytes(bench.buffer_size()) +
+         " on 2 MiB huge pages";
+}
+
 void RunBenchIo(const BenchIoOptions& o) {
   auto size = ParseBytes(o.size);
   ThrowIfError(size.status());
@@ -116,24 +154,12 @@ void RunBenchIo(const BenchIoOptions& o) {
 
   // fio and strata must read into the same kind of memory: a 1 MiB request over huge
   // pages is one segment for the disk, over scattered 4 KiB pages hundreds (a virtio disk
-  // without indirect descriptors then holds one request at a time). fio can use huge
-  // pages only from a hugetlbfs mount; without one, strata's buffers go on 4 KiB pages too.
-  std::string fio_huge;
-  bool small_pages = o.small_pages;
-  if (with_fio && !small_pages) {
-    fio_huge = benchio::HugetlbfsWithRoom(uint64_t(max_qd) * max_bs + (2u << 20));
-    if (fio_huge.empty()) {
-      small_pages = true;
-      std::fprintf(stderr,
-                   "bench io: no hugetlbfs mount with %s of free huge pages for fio, so strata's buffers are on "
-                   "4 KiB pages too (like for like). To compare on huge pages (the host arena's): "
-                   "mount -t hugetlbfs none /dev/hugepages; echo %llu > /proc/sys/vm/nr_hugepages; or run "
-                   "--no-fio for strata alone on huge pages.\n",
-                   FormatBytes(uint64_t(max_qd) * max_bs).c_str(),
-                   static_cast<unsigned long long>((uint64_t(max_qd) * max_bs >> 21) + 2));
-    }
-  }
-  benchio::PassConfig pass{o.backend, o.threads, o.sqpoll, !small_pages};
+  // without indirect descriptors then holds one request at a time), and where 4 KiB pages
+  // land is up to the page allocator. fio's buffers go on huge pages from a hugetlbfs
+  // mount, else on transparent huge pages through glibc's malloc; where the kernel has
+  // no transparent huge pages, strata's go on 4 KiB pages too.
+  const BufferPlan plan = PlanBuffers(o, with_fio, uint64_t(max_qd) * max_bs);
+  benchio::PassConfig pass{o.backend, o.threads, o.sqpoll, !plan.small_pages};
   IoBench bench(pass, files, per_file, uint64_t(max_qd) * max_bs);
   auto cleanup = [&] {
     if (!o.keep) {
@@ -145,6 +171,11 @@ void RunBenchIo(const BenchIoOptions& o) {
     cleanup();
     ThrowIfError(st);
   }
+  if (!plan.small_pages && bench.huge_page_bytes() < bench.buffer_size()) {
+    std::fprintf(stderr, "bench io: only %s of strata's %s of buffers are on huge pages\n",
+                 FormatBytes(bench.huge_page_bytes()).c_str(), FormatBytes(bench.buffer_size()).c_str());
+  }
+  const std::string& fio_huge = plan.fio_hugetlbfs;
   std::vector<Point> points;
   for (Mode m : modes) {
     for (uint64_t bs : bss) {
@@ -171,10 +202,11 @@ void RunBenchIo(const BenchIoOptions& o) {
       for (size_t k = 0; k < runners; ++k) {
         const size_t r = (k + size_t(rep)) % runners;
         if (benchio::IsWrite(head.mode) && fresh) st = bench.Refresh();
-        Result<Figures> f =
-            !st.ok()    ? Result<Figures>(st)
-            : r < group ? bench.Pass(head.mode, head.bs, head.qd, points[i + r].checksum, &backend)
-                        : Result<Figures>(benchio::RunFio({files, per_file, head.mode, head.bs, head.qd, fio_huge}));
+        Result<Figures> f = !st.ok() ? Result<Figures>(st)
+                            : r < group
+                                ? bench.Pass(head.mode, head.bs, head.qd, points[i + r].checksum, &backend)
+                                : Result<Figures>(benchio::RunFio({files, per_file, head.mode, head.bs,
+                                                                   head.qd, fio_huge, plan.fio_thp}));
         if (f.ok() && benchio::IsWrite(head.mode)) st = bench.Sync();
         if (!f.ok() || !st.ok()) {
           cleanup();
@@ -203,8 +235,9 @@ void RunBenchIo(const BenchIoOptions& o) {
     out["files"] = files;
     out["bytes_per_file"] = per_file;
     out["prepare"] = o.prepare;
-    out["huge_pages"] = bench.huge_pages();
-    out["fio_huge_pages"] = !fio_huge.empty();
+    out["huge_pages"] = bench.huge_page_bytes() == bench.buffer_size();
+    out["huge_page_bytes"] = bench.huge_page_bytes();
+    out["fio_buffers"] = !fio_huge.empty() ? "hugetlbfs" : plan.fio_thp ? "thp" : "4KiB";
     out["repeat"] = o.repeat;
     out["fio"] = fio_version;
     for (const auto& p : points) {
@@ -233,11 +266,12 @@ void RunBenchIo(const BenchIoOptions& o) {
   std::cout << "strata bench io: backend " << backend << ", " << files.size() << " file(s) of "
             << FormatBytes(per_file) << ", O_DIRECT, "
             << (fresh ? "writes into fresh fallocated extents" : "overwrites") << ", buffers on "
-            << (bench.huge_pages() ? "2 MiB huge pages" : "4 KiB pages") << ", median of " << o.repeat
-            << " interleaved runs"
+            << PagesText(bench) << ", median of " << o.repeat << " interleaved runs"
             << "; reference: "
             << (with_fio ? fio_version + " (io_uring, fixedbufs, registerfiles, buffers on " +
-                               (fio_huge.empty() ? "4 KiB pages)" : "huge pages from " + fio_huge + ")")
+                               (!fio_huge.empty() ? "huge pages from " + fio_huge + ")"
+                                : plan.fio_thp    ? "transparent huge pages: glibc.malloc.hugetlb=1)"
+                                                  : "4 KiB pages)")
                          : "none (fio not installed)")
             << "\n\n";
   Table t({"mode", "bs", "qd", "GB/s", "p50 us", "p99 us", "cpu %", "fio GB/s", "x fio", "fio p50", "fio p99",
@@ -290,7 +324,7 @@ void AddBenchIoCommand(CLI::App& bench) {
                   "runs of each point, strata and fio interleaved; medians shown (default 3)")
       ->check(CLI::Range(1, 100));
   cmd->add_flag("--small-pages", o->small_pages,
-                "buffers on 4 KiB pages (as fio's) instead of huge pages (as the host arena's)");
+                "buffers of strata and fio on 4 KiB pages instead of huge pages (as the host arena's)");
   cmd->add_flag("--keep", o->keep, "keep the test files");
   cmd->add_flag("--json", o->json, "print JSON instead of a table");
   cmd->callback([o] { RunBenchIo(*o); });

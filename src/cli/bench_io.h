@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "strata/host_arena.h"
 #include "strata/status.h"
 
 namespace strata::cli::benchio {
@@ -27,7 +29,8 @@ struct FioJob {
   Mode mode = Mode::kSeqRead;
   uint64_t bs = 0;
   int qd = 0;
-  std::string hugetlbfs;           // a hugetlbfs mount for fio's buffers; "" = malloc (4 KiB pages)
+  std::string hugetlbfs;  // a hugetlbfs mount for fio's buffers; "" = malloc
+  bool thp = false;       // malloc on transparent huge pages (when no hugetlbfs)
 };
 
 // How the IoEngine of a pass is configured.
@@ -47,7 +50,8 @@ class IoBench {
   IoBench(const IoBench&) = delete;
   IoBench& operator=(const IoBench&) = delete;
 
-  // Maps the buffers, creates and fills the files, and flushes them.
+  // Maps the buffers (HostPages, as the host arena does), creates and fills the files,
+  // and flushes them.
   Status Setup();
   // Re-creates the files' extents as fresh fallocated (unwritten) space.
   Status Refresh();
@@ -55,8 +59,9 @@ class IoBench {
   Status Sync();
   // One sequential or random pass over the files, qd requests of bs in flight.
   Result<Figures> Pass(Mode mode, uint64_t bs, int qd, bool checksum, std::string* backend);
-  // Whether the kernel took MADV_HUGEPAGE for the buffers.
-  bool huge_pages() const { return huge_pages_; }
+  // The buffers' mapping and how much of it the kernel put on 2 MiB pages (after Setup).
+  uint64_t buffer_size() const { return pages_ ? pages_->size() : 0; }
+  uint64_t huge_page_bytes() const { return huge_page_bytes_; }
 
  private:
   Status Allocate(const std::string& path, bool fresh);
@@ -65,10 +70,9 @@ class IoBench {
   std::vector<std::string> files_;
   uint64_t per_file_;
   uint64_t buffer_bytes_;
-  char* buffer_ = nullptr;  // the mapping
-  uint64_t mapped_ = 0;
-  char* data_ = nullptr;  // its 2 MiB aligned part
-  bool huge_pages_ = false;
+  std::unique_ptr<HostPages> pages_;
+  char* data_ = nullptr;  // pages_->data()
+  uint64_t huge_page_bytes_ = 0;
 };
 
 // The run with the median bandwidth among those that ran (else the first's error).

@@ -1,15 +1,14 @@
 // One measured pass of `strata bench io` through the IoEngine, the test files it runs
 // over, and the buffers it reads into and writes from.
 //
-// The buffers are mapped like the pinned host arena (2 MiB aligned, MADV_HUGEPAGE)
-// because the physical layout of the buffer decides how the kernel cuts a request: on a
-// virtio disk without indirect descriptors (max_segments 254, a 256-entry ring) a 1 MiB
-// request over scattered 4 KiB pages is split in two and fills the whole ring, so the
-// disk sees one request at a time; over huge pages it is one segment and the scheduler
-// merges neighbours up to max_sectors_kb. Training reads into the host arena, so that is
-// the layout worth measuring; --small-pages measures plain 4 KiB pages (fio's malloc).
+// The buffers come from HostPages, the mapping the pinned host arena takes, because the
+// physical layout of the buffer decides how the kernel cuts a request: on a virtio disk
+// without indirect descriptors (max_segments 254, a 256-entry ring) a 1 MiB request
+// over scattered 4 KiB pages is split in two and fills the whole ring, so the disk sees
+// one request at a time; over huge pages it is one segment. Training reads into the host
+// arena, so that is the layout worth measuring; --small-pages measures 4 KiB pages
+// (fio's malloc), whose layout is whatever the page allocator hands out.
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -31,7 +30,6 @@ namespace strata::cli::benchio {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr uint64_t kHugePage = 2ull << 20;
 
 double CpuSeconds() {
   rusage ru{};
@@ -42,21 +40,14 @@ double CpuSeconds() {
 
 }  // namespace
 
-IoBench::~IoBench() {
-  if (buffer_ != nullptr) ::munmap(buffer_, mapped_);
-}
+IoBench::~IoBench() = default;
 
 Status IoBench::Setup() {
-  mapped_ = (buffer_bytes_ + kHugePage - 1) / kHugePage * kHugePage + kHugePage;
-  void* raw = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED)
-    return ErrnoError(errno, "bench io: mapping " + FormatBytes(mapped_) + " of buffers");
-  buffer_ = static_cast<char*>(raw);
-  // The whole mapping stays mapped (freed as one); only the aligned part is used.
-  char* aligned =
-      reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + kHugePage - 1) / kHugePage * kHugePage);
-  huge_pages_ = config_.huge_pages && ::madvise(aligned, mapped_ - kHugePage, MADV_HUGEPAGE) == 0;
-  data_ = aligned;
+  STRATA_ASSIGN_OR_RETURN(pages_, HostPages::Map(buffer_bytes_, config_.huge_pages));
+  STRATA_RETURN_IF_ERROR(pages_->Populate().WithContext("bench io buffers"));
+  data_ = pages_->data();
+  huge_page_bytes_ = pages_->HugePageBytes();
+  // Written once, over resident pages: a streaming pass, not a fault per page.
   std::mt19937_64 rng(7);
   for (uint64_t i = 0; i < buffer_bytes_; i += 8) {
     uint64_t v = rng();

@@ -1,10 +1,16 @@
 // `strata train` and `strata bench step`: the reference MLP trained by the engine.
+// A flag overrides the config file's key only when it is given; what neither sets
+// keeps the config's default (or the tool's, named in the start-up summary).
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 
 #include "cli/commands.h"
+#include "cli/interrupt.h"
+#include "cli/train_job.h"
 #include "strata/comm.h"
 #include "strata/units.h"
 #include "zero/step_bench.h"
@@ -12,111 +18,233 @@
 namespace strata::cli {
 namespace {
 
+constexpr int kDefaultMicroBatch = 32;
+
 struct TrainFlags {
   std::string config_path;
   std::string params = "20M";  // with the default chunk size: a few chunks, seconds per step
   int depth = 4;
-  int stage = -1;
-  std::string offload_optimizer, offload_param, nvme_path;
-  std::string device = "sim";
-  std::string device_budget, host_budget, chunk_size;
+  std::optional<int> stage;
+  std::optional<std::string> offload_optimizer, offload_param, nvme_path, device;
+  std::optional<std::string> device_budget, host_budget, chunk_size;
+  std::optional<int64_t> micro_batch, accumulation, train_batch;
   int steps = 0;
-  int64_t micro_batch = 32;
-  bool no_overlap = false, serial_too = true, json = false;
+  bool no_overlap = false, json = false, keep_swap = false;
   int repeat = 1;  // bench step: whole rounds, medians reported
   std::string trace;
 };
 
 void AddFlags(CLI::App* cmd, TrainFlags* f, int default_steps) {
   f->steps = default_steps;
-  cmd->add_option("--config", f->config_path, "JSON config (DeepSpeed keys + strata block); flags override it");
+  cmd->add_option("--config", f->config_path,
+                  "JSON config (DeepSpeed keys + strata block); a flag given overrides its key");
   cmd->add_option("--params", f->params, "MLP parameter count, e.g. 20M, 2e9")->capture_default_str();
   cmd->add_option("--depth", f->depth, "hidden layers")->capture_default_str();
   cmd->add_option("--stage", f->stage, "zero_optimization.stage (0-3)");
-  cmd->add_option("--offload-optimizer", f->offload_optimizer, "none|cpu|nvme");
-  cmd->add_option("--offload-param", f->offload_param, "none|cpu|nvme (stage 3)");
-  cmd->add_option("--nvme-path", f->nvme_path, "swap directory for nvme offload");
-  cmd->add_option("--device", f->device, "sim|cuda|auto")->capture_default_str();
+  cmd->add_option("--offload-optimizer", f->offload_optimizer,
+                  "zero_optimization.offload_optimizer.device: none|cpu|nvme");
+  cmd->add_option("--offload-param", f->offload_param,
+                  "zero_optimization.offload_param.device: none|cpu|nvme (stage 3)");
+  cmd->add_option("--nvme-path", f->nvme_path,
+                  "swap directory of every nvme offload (default $TMPDIR/strata-swap)");
+  cmd->add_option("--device", f->device, "strata.device: sim|cuda|auto (default sim)");
   cmd->add_option("--device-budget", f->device_budget, "strata.device_budget, e.g. 2GiB");
   cmd->add_option("--host-budget", f->host_budget, "strata.host_budget, e.g. 4GiB");
   cmd->add_option("--chunk-size", f->chunk_size, "strata.chunk_size, e.g. 64MiB (default 16MiB here)");
-  cmd->add_option("--steps", f->steps, "measured steps")->capture_default_str();
-  cmd->add_option("--micro-batch", f->micro_batch, "samples per rank per micro-batch")->capture_default_str();
+  cmd->add_option("--steps", f->steps, "steps to run")->capture_default_str();
+  cmd->add_option("--micro-batch", f->micro_batch,
+                  "train_micro_batch_size_per_gpu: samples per rank per micro-batch (default 32)");
+  cmd->add_option("--gradient-accumulation-steps", f->accumulation, "gradient_accumulation_steps");
+  cmd->add_option("--train-batch-size", f->train_batch,
+                  "train_batch_size (= micro batch x accumulation x ranks)");
   cmd->add_flag("--no-overlap", f->no_overlap, "strata.overlap false");
   cmd->add_flag("--json", f->json, "print the report as JSON");
   cmd->add_option("--trace", f->trace, "write a Chrome trace (open in Perfetto)");
 }
 
-Result<zero::StepBenchOptions> Build(const TrainFlags& f) {
-  nlohmann::json j = nlohmann::json::object();
-  if (!f.config_path.empty()) {
-    std::ifstream in(f.config_path);
-    if (!in) return NotFoundError("config file \"" + f.config_path + "\" cannot be opened");
-    try {
-      j = nlohmann::json::parse(in, nullptr, true, true);
-    } catch (const nlohmann::json::exception& e) {
-      return InvalidArgumentError(f.config_path + ": not valid JSON: " + e.what());
+Result<nlohmann::json> ReadConfigFile(const std::string& path) {
+  if (path.empty()) return nlohmann::json::object();
+  std::ifstream in(path);
+  if (!in) return NotFoundError("config file \"" + path + "\" cannot be opened");
+  try {
+    return nlohmann::json::parse(in, nullptr, true, true);
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgumentError(path + ": not valid JSON: " + e.what());
+  }
+}
+
+// Sets `key` of `obj` from `flag` when it was given; records where the value came from.
+template <typename T>
+void Apply(nlohmann::json& obj, const char* key, const std::string& path, const std::optional<T>& flag,
+           const char* flag_name, std::map<std::string, std::string>* origin) {
+  if (flag) {
+    obj[key] = *flag;
+    (*origin)[path] = std::string(flag_name);
+  } else if (obj.is_object() && obj.contains(key) && !origin->count(path)) {
+    (*origin)[path] = "the config file";
+  }
+}
+
+Status CheckCounts(const TrainFlags& f) {
+  for (auto [flag, v] : {std::pair{"--micro-batch", f.micro_batch},
+                         {"--gradient-accumulation-steps", f.accumulation},
+                         {"--train-batch-size", f.train_batch}}) {
+    if (v && *v < 1) {
+      return InvalidArgumentError(std::string(flag) + " " + std::to_string(*v) + ": must be at least 1");
     }
   }
-  auto& z = j["zero_optimization"];
-  if (f.config_path.empty() && f.stage < 0 && f.offload_optimizer.empty() && f.offload_param.empty()) {
+  if (f.depth < 1) return InvalidArgumentError("--depth " + std::to_string(f.depth) + ": must be at least 1");
+  if (f.steps < 1) return InvalidArgumentError("--steps " + std::to_string(f.steps) + ": must be at least 1");
+  return OkStatus();
+}
+
+Result<model::MlpSpec> BuildModel(const TrainFlags& f, uint64_t seed) {
+  auto params = ParseCount(f.params);
+  if (!params.ok()) return params.status().WithContext("--params");
+  auto spec =
+      model::MlpSpecForParams(static_cast<double>(*params), f.depth, 256, 16, model::LossKind::kMse, seed);
+  // The narrowest MLP at this depth (width 64): anything asked below it would be
+  // silently rounded up to a different model, or down to a toy one.
+  model::MlpSpec narrow = spec;
+  narrow.hidden.assign(f.depth, 64);
+  const int64_t least = model::MlpParameterCount(narrow);
+  if (static_cast<int64_t>(*params) < least) {
+    return InvalidArgumentError("--params " + f.params + ": the reference MLP with " +
+                                std::to_string(f.depth) + " hidden layers has at least " +
+                                FormatCount(static_cast<double>(least)) +
+                                " parameters (width 64); ask for more (e.g. --params 20M) or lower --depth");
+  }
+  return spec;
+}
+
+// The config from the file and the flags given, with where each setting came from.
+Result<Config> BuildConfig(const TrainFlags& f, std::map<std::string, std::string>* origin) {
+  STRATA_ASSIGN_OR_RETURN(nlohmann::json j, ReadConfigFile(f.config_path));
+  if (!j.is_object())
+    return InvalidArgumentError(f.config_path + ": expected a JSON object at the top level");
+  nlohmann::json& z = j["zero_optimization"];
+  if (f.config_path.empty() && !f.stage && !f.offload_optimizer && !f.offload_param) {
     // No arguments: the configuration strata exists for (ZeRO-Infinity: stage 3 with
     // optimizer state and parameters on NVMe, here in the temp directory).
     z["stage"] = 3;
     z["offload_optimizer"]["device"] = "nvme";
     z["offload_param"]["device"] = "nvme";
+    (*origin)["zero_optimization.stage"] = "default with no arguments: stage 3, everything on NVMe";
   }
-  if (f.stage >= 0) z["stage"] = f.stage;
-  const std::string swap = f.nvme_path.empty() ? (std::filesystem::temp_directory_path() / "strata-swap").string()
-                                               : f.nvme_path;
-  if (!f.offload_optimizer.empty()) z["offload_optimizer"]["device"] = f.offload_optimizer;
-  if (!f.offload_param.empty()) z["offload_param"]["device"] = f.offload_param;
+  Apply(z, "stage", "zero_optimization.stage", f.stage, "--stage", origin);
+  if (f.offload_optimizer) z["offload_optimizer"]["device"] = *f.offload_optimizer;
+  if (f.offload_param) z["offload_param"]["device"] = *f.offload_param;
+  const std::string tmp_swap = (std::filesystem::temp_directory_path() / "strata-swap").string();
   for (const char* k : {"offload_optimizer", "offload_param"}) {
-    if (z.contains(k) && z[k].value("device", "") == "nvme" && !z[k].contains("nvme_path")) z[k]["nvme_path"] = swap;
+    if (!z.contains(k) || z[k].value("device", "") != "nvme") continue;
+    if (f.nvme_path)
+      z[k]["nvme_path"] = *f.nvme_path;
+    else if (!z[k].contains("nvme_path"))
+      z[k]["nvme_path"] = tmp_swap;
   }
   if (z.empty()) j.erase("zero_optimization");
-  j["strata"]["device"] = f.device;
-  if (!f.device_budget.empty()) j["strata"]["device_budget"] = f.device_budget;
-  if (!f.host_budget.empty()) j["strata"]["host_budget"] = f.host_budget;
-  if (!f.chunk_size.empty()) {
-    j["strata"]["chunk_size"] = f.chunk_size;
-  } else if (!j["strata"].contains("chunk_size")) {
-    j["strata"]["chunk_size"] = "16MiB";  // several chunks even for small models, so the pipeline shows
+  nlohmann::json& s = j["strata"];
+  Apply(s, "device", "strata.device", f.device, "--device", origin);
+  if (!s.contains("device")) s["device"] = "sim", (*origin)["strata.device"] = "default";
+  Apply(s, "device_budget", "strata.device_budget", f.device_budget, "--device-budget", origin);
+  Apply(s, "host_budget", "strata.host_budget", f.host_budget, "--host-budget", origin);
+  Apply(s, "chunk_size", "strata.chunk_size", f.chunk_size, "--chunk-size", origin);
+  // Several chunks even for small models, so the pipeline shows.
+  if (!s.contains("chunk_size")) s["chunk_size"] = "16MiB";
+  if (f.no_overlap) s["overlap"] = false;
+  if (!f.trace.empty()) s["trace_file"] = f.trace;
+  Apply(j, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu", f.micro_batch, "--micro-batch",
+        origin);
+  Apply(j, "gradient_accumulation_steps", "gradient_accumulation_steps", f.accumulation,
+        "--gradient-accumulation-steps", origin);
+  Apply(j, "train_batch_size", "train_batch_size", f.train_batch, "--train-batch-size", origin);
+  for (const char* k : {"device_budget", "host_budget", "nvme_budget"}) {
+    const std::string key = std::string("strata.") + k;
+    if (!origin->count(key)) {
+      (*origin)[key] = k[0] == 'd'   ? "default: the device's capacity"
+                       : k[0] == 'h' ? "default: from the memlock limit and free memory"
+                                     : "default: free space on the swap paths";
+    }
   }
-  if (f.no_overlap) j["strata"]["overlap"] = false;
-  if (!f.trace.empty()) j["strata"]["trace_file"] = f.trace;
   STRATA_ASSIGN_OR_RETURN(Config config, ParseConfig(j));
-  auto params_or = ParseCount(f.params);
-  if (!params_or.ok()) return params_or.status().WithContext("--params");
-  const uint64_t params = *params_or;
-  if (f.depth < 1) return InvalidArgumentError("--depth must be >= 1");
-  if (f.steps < 1) return InvalidArgumentError("--steps must be >= 1");
-  zero::StepBenchOptions o;
-  o.config = config;
-  o.spec.model = model::MlpSpecForParams(static_cast<double>(params), f.depth, 256, 16, model::LossKind::kMse,
-                                         config.seed);
-  o.spec.data.seed = config.seed + 1;
-  o.spec.steps = f.steps;
-  o.spec.micro_batch = f.micro_batch;
-  return o;
+  if (!config.gradient_accumulation_given && config.train_batch_size == 0) {
+    (*origin)["gradient_accumulation_steps"] = "default";
+  }
+  if (config.train_micro_batch_size_per_gpu == 0) {
+    (*origin)["train_micro_batch_size_per_gpu"] =
+        config.train_batch_size ? "derived from train_batch_size" : "default";
+  }
+  return config;
 }
 
-void Run(const TrainFlags& f, bool bench) {
-  auto opts = Build(f);
-  ThrowIfError(opts.status());
-  opts->compare_serial = bench && !f.no_overlap;
-  opts->measure_rates = bench;
-  opts->print_losses = !bench && !f.json;
-  auto world = InitWorld(CommOptions{"world", opts->config.strata.collective_timeout_s});
+// Says so when a swap directory will be created by the engine (rank 0).
+void NoteMissingSwapDirs(const Config& c) {
+  std::set<std::string> noted;
+  for (const OffloadConfig* o : {&c.zero.offload_optimizer, &c.zero.offload_param}) {
+    if (o->device != OffloadDevice::kNvme) continue;
+    for (const std::string& d : SwapPaths(c, *o)) {
+      std::error_code ec;
+      if (!std::filesystem::exists(d, ec) && noted.insert(d).second) {
+        std::fprintf(stderr, "strata: swap directory %s does not exist; creating it\n", d.c_str());
+      }
+    }
+  }
+}
+
+void RunTrain(const TrainFlags& f) {
+  // Before MPI and oneTBB start threads, so that they inherit the blocked signals.
+  InterruptGuard guard(InterruptGuard::Options{f.keep_swap});
+  TrainJob job;
+  ThrowIfError(CheckCounts(f));
+  auto config = BuildConfig(f, &job.origin);
+  ThrowIfError(config.status());
+  auto model = BuildModel(f, config->seed);
+  ThrowIfError(model.status());
+  auto world = InitWorld(CommOptions{"world", config->strata.collective_timeout_s});
   ThrowIfError(world.status());
+  ThrowIfError(ResolveBatchSizes(&*config, (*world)->size(), kDefaultMicroBatch));
+  job.config = *config;
+  job.model = *model;
+  job.data_seed = config->seed + 1;
+  job.steps = f.steps;
+  job.json = f.json;
+  if ((*world)->rank() == 0) NoteMissingSwapDirs(job.config);
+  const int code = RunTrainJob(**world, job, guard);
+  if (code != 0) {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(code);  // peers may be mid-collective: no MPI_Finalize
+  }
+  world->reset();
+  ThrowIfError(FinalizeWorld());
+}
+
+void RunBench(const TrainFlags& f) {
+  ThrowIfError(CheckCounts(f));
+  std::map<std::string, std::string> origin;
+  auto config = BuildConfig(f, &origin);
+  ThrowIfError(config.status());
+  auto model = BuildModel(f, config->seed);
+  ThrowIfError(model.status());
+  auto world = InitWorld(CommOptions{"world", config->strata.collective_timeout_s});
+  ThrowIfError(world.status());
+  ThrowIfError(ResolveBatchSizes(&*config, (*world)->size(), kDefaultMicroBatch));
+  zero::StepBenchOptions o;
+  o.config = *config;
+  o.spec.model = *model;
+  o.spec.data.seed = config->seed + 1;
+  o.spec.steps = f.steps;
+  o.spec.micro_batch = config->train_micro_batch_size_per_gpu;
+  o.compare_serial = !f.no_overlap;
+  o.measure_rates = true;
   std::string text;
   Result<nlohmann::json> report = nlohmann::json();
   if (f.repeat <= 1) {
-    report = zero::RunStepBench(**world, *opts, &text);
+    report = zero::RunStepBench(**world, o, &text);
   } else {
     std::vector<nlohmann::json> rounds;
     for (int i = 0; i < f.repeat && report.ok(); ++i) {
-      report = zero::RunStepBench(**world, *opts, nullptr);
+      report = zero::RunStepBench(**world, o, nullptr);
       if (report.ok()) rounds.push_back(*report);
     }
     if (report.ok()) report = zero::SummarizeRounds(rounds, &text);
@@ -137,19 +265,23 @@ void Run(const TrainFlags& f, bool bench) {
 
 void AddTrainCommand(CLI::App& app) {
   auto* f = new TrainFlags;  // lives as long as the process, like the App
-  auto* cmd = app.add_subcommand("train", "train the reference MLP with the ZeRO engine (mpirun for several ranks)");
+  auto* cmd =
+      app.add_subcommand("train", "train the reference MLP with the ZeRO engine (mpirun for several ranks)");
   AddFlags(cmd, f, 10);
-  cmd->callback([f] { Run(*f, /*bench=*/false); });
+  cmd->add_flag("--keep-swap", f->keep_swap,
+                "on SIGINT/SIGTERM, keep the swap files for inspection (named on exit)");
+  cmd->callback([f] { RunTrain(*f); });
 }
 
 void AddBenchStepCommand(CLI::App& bench) {
   auto* f = new TrainFlags;
-  auto* cmd = bench.add_subcommand("step", "training steps: time, breakdown, bytes per link, high water, model bound");
+  auto* cmd = bench.add_subcommand(
+      "step", "training steps: time, breakdown, bytes per link, high water, model bound");
   AddFlags(cmd, f, 3);
   cmd->add_option("--repeat", f->repeat, "whole rounds (run, probe, overlap off, probe); medians reported")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
-  cmd->callback([f] { Run(*f, /*bench=*/true); });
+  cmd->callback([f] { RunBench(*f); });
 }
 
 }  // namespace strata::cli

@@ -211,6 +211,51 @@ Status ReadStrata(JsonReader& r, StrataConfig* s) {
 
 }  // namespace
 
+Status ResolveBatchSizes(Config* c, int world_size, int default_micro_batch) {
+  if (world_size < 1) return InvalidArgumentError("ResolveBatchSizes: world size must be >= 1");
+  const int64_t world = world_size;
+  int64_t micro = c->train_micro_batch_size_per_gpu, total = c->train_batch_size;
+  int64_t accum = c->gradient_accumulation_given ? c->gradient_accumulation_steps : 0;
+  auto values = [&] {
+    return "train_batch_size " + (total ? std::to_string(total) : std::string("(not set)")) +
+           ", train_micro_batch_size_per_gpu " + (micro ? std::to_string(micro) : std::string("(not set)")) +
+           ", gradient_accumulation_steps " + (accum ? std::to_string(accum) : std::string("(not set)")) +
+           ", world size " + std::to_string(world);
+  };
+  if (total > 0) {
+    if (micro == 0 && accum == 0) accum = 1;
+    if (micro == 0) {
+      if (total % (accum * world) != 0) {
+        return InvalidArgumentError(values() + ": train_batch_size must be a multiple of accumulation x world size (" +
+                                    std::to_string(accum * world) + ")");
+      }
+      micro = total / (accum * world);
+    } else if (accum == 0) {
+      if (total % (micro * world) != 0) {
+        return InvalidArgumentError(values() + ": train_batch_size must be a multiple of micro batch x world size (" +
+                                    std::to_string(micro * world) + ")");
+      }
+      accum = total / (micro * world);
+    }
+    if (micro * accum * world != total) {
+      return InvalidArgumentError(values() + ": they must satisfy train_batch_size = micro batch x accumulation x "
+                                  "world size (" + std::to_string(micro * accum * world) +
+                                  "); set two of them and strata derives the third");
+    }
+  } else {
+    if (micro == 0) micro = default_micro_batch;
+    if (accum == 0) accum = 1;
+  }
+  if (micro < 1 || micro > (1 << 24) || accum > (1 << 20)) {
+    return InvalidArgumentError(values() + ": the micro batch must be in [1, 16777216] and accumulation in [1, 1048576]");
+  }
+  c->train_micro_batch_size_per_gpu = static_cast<int>(micro);
+  c->gradient_accumulation_steps = static_cast<int>(accum);
+  c->gradient_accumulation_given = true;
+  c->train_batch_size = static_cast<int>(micro * accum * world);
+  return OkStatus();
+}
+
 Result<Config> ParseConfig(const nlohmann::json& doc) {
   Config c;
   JsonReader r(doc, "");
@@ -230,9 +275,12 @@ Result<Config> ParseConfig(const nlohmann::json& doc) {
   STRATA_RETURN_IF_ERROR(sub_or(r.ObjectOrEmpty("optimizer"), [&](JsonReader& s) { return ReadOptimizer(s, &c.optimizer); }));
   STRATA_RETURN_IF_ERROR(sub_or(r.ObjectOrEmpty("strata"), [&](JsonReader& s) { return ReadStrata(s, &c.strata); }));
   STRATA_RETURN_IF_ERROR(r.Double("gradient_clipping", 0, 1e30, &c.gradient_clipping));
-  STRATA_RETURN_IF_ERROR(r.Int("gradient_accumulation_steps", 1, 1 << 20, &c.gradient_accumulation_steps));
+  int accum = 0;
+  STRATA_RETURN_IF_ERROR(r.Int("gradient_accumulation_steps", 1, 1 << 20, &accum));
+  c.gradient_accumulation_given = accum > 0;
+  if (accum > 0) c.gradient_accumulation_steps = accum;
   STRATA_RETURN_IF_ERROR(r.Int("train_micro_batch_size_per_gpu", 1, 1 << 24, &c.train_micro_batch_size_per_gpu));
-  STRATA_RETURN_IF_ERROR(r.Int("train_batch_size", 0, 1 << 30, &c.train_batch_size));
+  STRATA_RETURN_IF_ERROR(r.Int("train_batch_size", 1, 1 << 30, &c.train_batch_size));
   STRATA_RETURN_IF_ERROR(r.UInt64("seed", &c.seed));
   for (const char* k : {"scheduler", "activation_checkpointing", "amp", "wall_clock_breakdown",
                         "flops_profiler", "tensorboard", "wandb", "compression_training",
@@ -289,9 +337,11 @@ nlohmann::json ConfigToJson(const Config& c) {
                {"hysteresis", c.fp16.hysteresis},
                {"min_loss_scale", c.fp16.min_loss_scale}};
   j["gradient_clipping"] = c.gradient_clipping;
-  j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
-  j["train_micro_batch_size_per_gpu"] = c.train_micro_batch_size_per_gpu;
-  j["train_batch_size"] = c.train_batch_size;
+  // The batch keys as given (before ResolveBatchSizes) or as resolved; unset ones are left
+  // out, so the document parses back to the same config.
+  if (c.gradient_accumulation_given) j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
+  if (c.train_micro_batch_size_per_gpu > 0) j["train_micro_batch_size_per_gpu"] = c.train_micro_batch_size_per_gpu;
+  if (c.train_batch_size > 0) j["train_batch_size"] = c.train_batch_size;
   j["seed"] = c.seed;
   j["optimizer"] = {{"type", c.optimizer.type == OptimizerType::kAdam ? "Adam" : "AdamW"},
                     {"params",

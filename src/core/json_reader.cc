@@ -1,5 +1,7 @@
 #include "core/json_reader.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 
 #include "strata/units.h"
@@ -22,6 +24,7 @@ std::string JsonReader::Path(std::string_view key) const {
 }
 
 const nlohmann::json* JsonReader::Find(std::string_view key) {
+  known_.insert(std::string(key));
   auto it = obj_->find(std::string(key));
   if (it == obj_->end()) return nullptr;
   consumed_.insert(std::string(key));
@@ -196,11 +199,37 @@ Status JsonReader::Ignore(std::string_view key) {
 
 Status JsonReader::Finish() const {
   for (auto it = obj_->begin(); it != obj_->end(); ++it) {
-    if (!consumed_.count(it.key())) {
-      return InvalidArgumentError(Path(it.key()) + ": unknown key; see docs/config.md for the keys strata accepts");
+    if (consumed_.count(it.key())) continue;
+    std::string msg = Path(it.key()) + ": unknown key";
+    // A typo is at most a third of the key away (two edits for short keys).
+    size_t best = std::max<size_t>(2, it.key().size() / 3) + 1;
+    std::string guess;
+    for (const std::string& k : known_) {
+      const size_t d = EditDistance(it.key(), k);
+      if (d < best && !obj_->contains(k)) best = d, guess = k;
     }
+    if (!guess.empty()) msg += "; did you mean \"" + Path(guess) + "\"?";
+    return InvalidArgumentError(msg + " (see docs/config.md for the keys strata accepts)");
   }
   return OkStatus();
+}
+
+size_t EditDistance(std::string_view a, std::string_view b) {
+  auto lower = [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); };
+  const size_t n = a.size(), m = b.size();
+  std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
+  for (size_t i = 0; i <= n; ++i) d[i][0] = i;
+  for (size_t j = 0; j <= m; ++j) d[0][j] = j;
+  for (size_t i = 1; i <= n; ++i) {
+    for (size_t j = 1; j <= m; ++j) {
+      const size_t cost = lower(a[i - 1]) == lower(b[j - 1]) ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && lower(a[i - 1]) == lower(b[j - 2]) && lower(a[i - 2]) == lower(b[j - 1])) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[n][m];
 }
 
 }  // namespace strata::core

@@ -42,7 +42,9 @@ class JsonReader {
   Status Unsupported(std::string_view key, std::string_view hint);
   // A key accepted and deliberately without effect (e.g. steps_per_print).
   Status Ignore(std::string_view key);
-  // Unknown keys (not consumed) are InvalidArgument naming the first of them.
+  // Unknown keys (not consumed) are InvalidArgument naming the first of them, with
+  // "did you mean" for a known key of this object within a small edit distance
+  // (a misspelling, British spelling or a dropped underscore).
   Status Finish() const;
 
  private:
@@ -54,6 +56,10 @@ class JsonReader {
   const nlohmann::json* obj_;
   std::string path_;
   std::set<std::string, std::less<>> consumed_;
+  std::set<std::string, std::less<>> known_;  // every key asked for, present or not
 };
+
+// The Damerau-Levenshtein (optimal string alignment) distance, case-insensitive.
+size_t EditDistance(std::string_view a, std::string_view b);
 
 }  // namespace strata::core

@@ -124,4 +124,14 @@ std::string FormatSeconds(double s) {
   return buf;
 }
 
+std::string FormatCount(double n) {
+  char buf[64];
+  if (n >= 1e12) std::snprintf(buf, sizeof(buf), "%.2fT", n / 1e12);
+  else if (n >= 1e9) std::snprintf(buf, sizeof(buf), "%.2fG", n / 1e9);
+  else if (n >= 1e6) std::snprintf(buf, sizeof(buf), "%.1fM", n / 1e6);
+  else if (n >= 1e3) std::snprintf(buf, sizeof(buf), "%.1fK", n / 1e3);
+  else std::snprintf(buf, sizeof(buf), "%.0f", n);
+  return buf;
+}
+
 }  // namespace strata

@@ -10,6 +10,7 @@
 #include "strata/engine.h"
 #include "strata/timeline.h"
 #include "strata/units.h"
+#include "zero/mlp_engine.h"
 
 namespace strata::zero {
 namespace {
@@ -30,32 +31,9 @@ std::string SwapDir(const Config& c) {
   return "";
 }
 
-Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const TrainSpec& spec, Timeline* timeline,
-                             bool print_losses) {
-  DeviceOptions dopt;
-  dopt.kind = config.strata.device;
-  dopt.index = config.strata.device_index;
-  dopt.capacity = config.strata.device_budget;
-  STRATA_ASSIGN_OR_RETURN(auto device, CreateDevice(dopt));
-  auto modules = model::MlpModules(spec.model);
-  ParamInit init = [&](int m, int t, int64_t b, int64_t n, float* out) {
-    model::InitTensorSlice(spec.model, m, t, b, n, out);
-  };
-  EngineResources res{&world, device.get()};
-  res.timeline = timeline;
-  // On a GPU the engine reduces and gathers device buffers over NCCL (one rank needs no
-  // collective there). Declared before the engine, so it outlives it.
-  std::unique_ptr<Communicator> device_comm;
-  if (device->kind() == DeviceKind::kCuda && world.size() > 1) {
-    NcclOptions nopt;
-    nopt.device = config.strata.device_index;
-    CommOptions copt;
-    copt.name = "engine-nccl";
-    copt.collective_timeout_s = config.strata.collective_timeout_s;
-    STRATA_ASSIGN_OR_RETURN(device_comm, CreateNcclCommunicator(world, nopt, copt));
-    res.device_comm = device_comm.get();
-  }
-  STRATA_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, modules, init, res));
+Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const TrainSpec& spec, Timeline* timeline) {
+  STRATA_ASSIGN_OR_RETURN(MlpEngine setup, CreateMlpEngine(world, config, spec.model, timeline));
+  Engine* engine = setup.engine.get();
   TrainSpec run_spec = spec;
   run_spec.steps = spec.steps + 1;  // one warm-up step records the pattern and touches memory
   StepBenchRun r;
@@ -98,12 +76,6 @@ Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const Tr
   }
   r.step_s = r.timing.total_s();
   r.last = log.results.back();
-  if (print_losses && world.rank() == 0) {
-    for (size_t i = 0; i < log.losses.size(); ++i) {
-      std::printf("step %3zu  loss %.5f  %s%s\n", i, log.losses[i], FormatSeconds(log.timing[i].total_s()).c_str(),
-                  log.skipped[i] ? "  (skipped: fp16 overflow)" : "");
-    }
-  }
   return r;
 }
 
@@ -151,7 +123,7 @@ nlohmann::json RunJson(const StepBenchRun& r) {
 Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions& o, std::string* text) {
   const Config& c = o.config;
   Timeline timeline(!c.strata.trace_file.empty());
-  STRATA_ASSIGN_OR_RETURN(StepBenchRun main, RunOnce(world, c, o.spec, &timeline, o.print_losses));
+  STRATA_ASSIGN_OR_RETURN(StepBenchRun main, RunOnce(world, c, o.spec, &timeline));
   if (!c.strata.trace_file.empty() && world.rank() == 0) {
     STRATA_RETURN_IF_ERROR(timeline.WriteChromeTrace(c.strata.trace_file));
   }
@@ -197,7 +169,7 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
     Config serial = c;
     serial.strata.overlap = false;
     serial.strata.trace_file.clear();
-    STRATA_ASSIGN_OR_RETURN(off, RunOnce(world, serial, o.spec, nullptr, false));
+    STRATA_ASSIGN_OR_RETURN(off, RunOnce(world, serial, o.spec, nullptr));
     j["serial_run"] = RunJson(*off);
     STRATA_RETURN_IF_ERROR(measure());
   }

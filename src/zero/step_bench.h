@@ -1,4 +1,4 @@
-// `strata bench step` and `strata train`: training steps of the reference MLP under a
+// `strata bench step`: training steps of the reference MLP under a
 // configuration, with where the time went, the bytes per link, the high-water marks
 // and the step-time model beside the measurement.
 #pragma once
@@ -20,7 +20,6 @@ struct StepBenchOptions {
   TrainSpec spec;             // spec.steps measured steps follow one warm-up step
   bool compare_serial = true; // run again with strata.overlap false, same process
   bool measure_rates = true;  // lane rates for the step-time model
-  bool print_losses = false;  // one line per step (strata train)
 };
 
 struct StepBenchRun {

@@ -20,13 +20,14 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 // Forwards the hooks to the engine and adds up the time spent inside them.
 class TimedHooks : public model::MlpHooks {
  public:
-  TimedHooks(Engine& engine, const std::function<void(int)>& before_backward)
-      : engine_(engine), before_backward_(before_backward) {}
+  TimedHooks(Engine& engine, const TrainSpec& spec)
+      : engine_(engine), before_backward_(spec.before_backward), check_stop_(spec.check_stop) {}
   double seconds = 0;
 
  private:
   template <typename F>
-  auto Time(F&& f) {
+  auto Time(F&& f) -> decltype(f()) {
+    if (check_stop_) STRATA_RETURN_IF_ERROR(check_stop_());
     auto t0 = std::chrono::steady_clock::now();
     auto r = f();
     seconds += Seconds(t0, std::chrono::steady_clock::now());
@@ -34,6 +35,7 @@ class TimedHooks : public model::MlpHooks {
   }
   Engine& engine_;
   const std::function<void(int)>& before_backward_;
+  const std::function<Status()>& check_stop_;
 
  public:
   Result<model::ModuleParams> BeforeForward(int m) override { return Time([&] { return engine_.BeforeForward(m); }); }
@@ -48,7 +50,8 @@ class TimedHooks : public model::MlpHooks {
 
 }  // namespace
 
-Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Config& config, const TrainSpec& spec) {
+Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Config& config, const TrainSpec& spec,
+                                 const std::function<void(const TrainLog& log)>& on_step) {
   // The model computes where the engine keeps its parameters (CPU kernels on sim, CUDA
   // kernels on the engine's compute stream on a GPU).
   model::Mlp mlp(spec.model, engine.model_backend(), engine.model_stream());
@@ -59,11 +62,12 @@ Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Conf
   for (int step = 0; step < spec.steps; ++step) {
     double loss = 0;
     const double scale = engine.loss_scale();
-    TimedHooks hooks(engine, spec.before_backward);
+    TimedHooks hooks(engine, spec);
     StepTiming timing;
     if (spec.step_boundary) spec.step_boundary(step, /*end=*/false);
     auto t0 = std::chrono::steady_clock::now();
     for (int m = 0; m < accum; ++m) {
+      if (spec.check_stop) STRATA_RETURN_IF_ERROR(spec.check_stop());
       model::BatchSlice slice{step, world.rank(), world.size(), m, accum, spec.micro_batch};
       STRATA_RETURN_IF_ERROR(data.Fill(slice, &batch));
       STRATA_RETURN_IF_ERROR(engine.BeginMicroBatch());
@@ -93,6 +97,7 @@ Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Conf
     log.loss_scales.push_back(r.loss_scale);
     log.clip_coefs.push_back(r.clip_coef);
     log.results.push_back(r);
+    if (on_step) on_step(log);
   }
   return log;
 }

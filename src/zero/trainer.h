@@ -26,6 +26,9 @@ struct TrainSpec {
   // micro-batch, where its timing starts) and ends (end true: where its timing stops,
   // after Step() and, for the last step, Flush()). Empty: nothing.
   std::function<void(int step, bool end)> step_boundary;
+  // Called on the training thread before each micro-batch and around each module's
+  // hooks; a non-OK Status stops the run and is returned (an interrupt). Empty: never.
+  std::function<Status()> check_stop;
 };
 
 // Wall time of one step on the training thread.
@@ -48,7 +51,10 @@ struct TrainLog {
 
 // Runs spec.steps steps of the engine. Every rank calls it; the loss is reduced over
 // `world` (host collectives, issued after each Step).
-Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Config& config, const TrainSpec& spec);
+// `on_step`, when given, is called on every rank after each step, once its global
+// loss is in `log` (log.losses.size() == step + 1): live progress.
+Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Config& config, const TrainSpec& spec,
+                                 const std::function<void(const TrainLog& log)>& on_step = {});
 
 // The reference: a DenseMlp holding fp32 master parameters (and the 16-bit compute copy
 // when bf16/fp16 is on), gradients accumulated over micro-batches in fp32 (fp16: each

@@ -1,5 +1,7 @@
 #include "strata/config.h"
 
+#include "core/json_reader.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -102,6 +104,28 @@ TEST(Config, UnknownKeysNameTheirPath) {
   ExpectError(R"({"optimizer": {"params": {"learning_rate": 1}}})", {"optimizer.params.learning_rate"});
 }
 
+TEST(Config, NearMissKeysGetASuggestion) {
+  ExpectError(R"({"zero_optimisation": {}})", {"did you mean \"zero_optimization\"?"});
+  ExpectError(R"({"zero_optimization": {"stagee": 2}})", {"did you mean \"zero_optimization.stage\"?"});
+  ExpectError(R"({"zero_optimization": {"offload_optimizer": {"devic": "cpu"}}})",
+              {"did you mean \"zero_optimization.offload_optimizer.device\"?"});
+  ExpectError(R"({"train_micro_batch_size_per_gpu_": 4})", {"did you mean \"train_micro_batch_size_per_gpu\"?"});
+  ExpectError(R"({"gradient_accumulation_step": 4})", {"did you mean \"gradient_accumulation_steps\"?"});
+  // Far from every known key: no guess.
+  auto c = ParseConfig(nlohmann::json::parse(R"({"strata": {"budget": 1}})"));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message().find("did you mean"), std::string::npos) << c.status().ToString();
+}
+
+TEST(Config, EditDistance) {
+  EXPECT_EQ(core::EditDistance("stage", "stage"), 0u);
+  EXPECT_EQ(core::EditDistance("stagee", "stage"), 1u);
+  EXPECT_EQ(core::EditDistance("stgae", "stage"), 1u);  // a transposition is one edit
+  EXPECT_EQ(core::EditDistance("Stage", "stage"), 0u);
+  EXPECT_EQ(core::EditDistance("", "abc"), 3u);
+  EXPECT_EQ(core::EditDistance("kitten", "sitting"), 3u);
+}
+
 TEST(Config, WrongTypesAndValues) {
   ExpectError(R"({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}})",
               {"zero_optimization.offload_optimizer.device: expected one of none|cpu|nvme, got \"gpu\""});
@@ -176,6 +200,53 @@ TEST(Config, LoadFile) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find(path), std::string::npos) << "error names the file";
   std::remove(path.c_str());
+}
+
+// DeepSpeed's rule: train_batch_size = micro batch x accumulation x world size.
+struct BatchCase {
+  const char* json;
+  int world;
+  int micro, accum, total;  // expected after resolving; 0: an error is expected
+  const char* error = "";
+};
+
+TEST(Config, BatchSizesFollowDeepSpeedsRule) {
+  const BatchCase cases[] = {
+      {R"({})", 2, 32, 1, 64},  // neither batch size: the tool's default micro batch
+      {R"({"train_micro_batch_size_per_gpu": 4})", 2, 4, 1, 8},
+      {R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3})", 2, 4, 3, 24},
+      {R"({"train_batch_size": 64})", 4, 16, 1, 64},  // alone: accumulation 1
+      {R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4})", 4, 4, 4, 64},
+      {R"({"train_batch_size": 64, "gradient_accumulation_steps": 2})", 4, 8, 2, 64},
+      {R"({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3})", 2, 4, 3,
+       24},
+      {R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3})", 2, 0, 0,
+       0, "train_batch_size = micro batch x accumulation x world size (24)"},
+      {R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4})", 1, 0, 0, 0, "multiple of micro batch"},
+      {R"({"train_batch_size": 10, "gradient_accumulation_steps": 4})", 1, 0, 0, 0, "multiple of accumulation"},
+      {R"({"train_batch_size": 3})", 4, 0, 0, 0, "multiple of accumulation x world size (4)"},
+  };
+  for (const BatchCase& t : cases) {
+    SCOPED_TRACE(std::string(t.json) + " world " + std::to_string(t.world));
+    auto c = ParseConfigText(t.json);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    Status s = ResolveBatchSizes(&*c, t.world, 32);
+    if (t.micro == 0) {
+      ASSERT_FALSE(s.ok());
+      EXPECT_NE(s.message().find(t.error), std::string::npos) << s.ToString();
+      EXPECT_NE(s.message().find("world size " + std::to_string(t.world)), std::string::npos) << s.ToString();
+      continue;
+    }
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(c->train_micro_batch_size_per_gpu, t.micro);
+    EXPECT_EQ(c->gradient_accumulation_steps, t.accum);
+    EXPECT_EQ(c->train_batch_size, t.total);
+    Config again = *c;  // resolving twice changes nothing
+    ASSERT_TRUE(ResolveBatchSizes(&again, t.world, 32).ok());
+    EXPECT_EQ(ConfigToJson(again), ConfigToJson(*c));
+  }
+  ExpectError(R"({"train_batch_size": 0})", {"train_batch_size"});
+  ExpectError(R"({"train_micro_batch_size_per_gpu": 0})", {"train_micro_batch_size_per_gpu"});
 }
 
 TEST(Config, RoundTripsThroughCanonicalJson) {

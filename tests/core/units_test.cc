@@ -49,6 +49,10 @@ TEST(Format, BytesRatesSeconds) {
   EXPECT_EQ(FormatSeconds(2.0), "2.00 s");
   EXPECT_EQ(FormatSeconds(1.23e-3), "1.23 ms");
   EXPECT_EQ(FormatSeconds(45.6e-6), "45.6 us");
+  EXPECT_EQ(FormatCount(295), "295");
+  EXPECT_EQ(FormatCount(20.1e6), "20.1M");
+  EXPECT_EQ(FormatCount(1.5e9), "1.50G");
+  EXPECT_EQ(FormatCount(1e12), "1.00T");
 }
 
 }  // namespace

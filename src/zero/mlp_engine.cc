@@ -1,0 +1,33 @@
+#include "zero/mlp_engine.h"
+
+namespace strata::zero {
+
+Result<MlpEngine> CreateMlpEngine(Communicator& world, const Config& config, const model::MlpSpec& model,
+                                  Timeline* timeline) {
+  MlpEngine e;
+  DeviceOptions dopt;
+  dopt.kind = config.strata.device;
+  dopt.index = config.strata.device_index;
+  dopt.capacity = config.strata.device_budget;
+  STRATA_ASSIGN_OR_RETURN(e.device, CreateDevice(dopt));
+  EngineResources res{&world, e.device.get()};
+  res.timeline = timeline;
+  // On a GPU the engine reduces and gathers device buffers over NCCL (one rank needs no
+  // collective there).
+  if (e.device->kind() == DeviceKind::kCuda && world.size() > 1) {
+    NcclOptions nopt;
+    nopt.device = config.strata.device_index;
+    CommOptions copt;
+    copt.name = "engine-nccl";
+    copt.collective_timeout_s = config.strata.collective_timeout_s;
+    STRATA_ASSIGN_OR_RETURN(e.device_comm, CreateNcclCommunicator(world, nopt, copt));
+    res.device_comm = e.device_comm.get();
+  }
+  ParamInit init = [model](int m, int t, int64_t b, int64_t n, float* out) {
+    model::InitTensorSlice(model, m, t, b, n, out);
+  };
+  STRATA_ASSIGN_OR_RETURN(e.engine, Engine::Create(config, model::MlpModules(model), init, res));
+  return e;
+}
+
+}  // namespace strata::zero
