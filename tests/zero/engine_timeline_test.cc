@@ -32,8 +32,10 @@ struct World {
   }
 };
 
-// Trains two steps with a timeline and returns its spans.
-std::vector<Timeline::Span> Record(Communicator& world, const Combo& c, bool overlap, Timeline* timeline) {
+// Trains two steps with a timeline and returns its spans in *spans (a fatal failure,
+// and no spans, when the engine cannot be made or a step fails).
+void Record(Communicator& world, const Combo& c, bool overlap, Timeline* timeline,
+            std::vector<Timeline::Span>* spans = nullptr) {
   zero::TrainSpec spec;
   // Layer 0 (2M weights and 1000 biases) fills chunk 0 exactly and is by far the
   // slowest backward; chunk 1 holds every layer above it, so its gradients are final
@@ -63,7 +65,7 @@ std::vector<Timeline::Span> Record(Communicator& world, const Combo& c, bool ove
   nlohmann::json extra = {{"strata", {{"overlap", overlap}, {"chunk_size", "64KiB"}}}};
   Config config = MakeConfig(c, extra.dump());
   auto dev = CreateDevice(DeviceOptions{DeviceKind::kSim, 0, 0});
-  EXPECT_TRUE(dev.ok());
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
   auto modules = model::MlpModules(spec.model);
   ParamInit init = [&](int m, int t, int64_t b, int64_t n, float* out) {
     model::InitTensorSlice(spec.model, m, t, b, n, out);
@@ -71,16 +73,16 @@ std::vector<Timeline::Span> Record(Communicator& world, const Combo& c, bool ove
   EngineResources res{&world, dev->get()};
   res.timeline = timeline;
   auto engine = Engine::Create(config, modules, init, res);
-  EXPECT_TRUE(engine.ok()) << engine.status().ToString();
-  if (!engine.ok()) return {};
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   auto log = zero::TrainWithEngine(**engine, world, config, spec);
-  EXPECT_TRUE(log.ok()) << log.status().ToString();
-  return timeline->Spans();
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  if (spans != nullptr) *spans = timeline->Spans();
 }
 
 void CheckOptimizerBeforeBackwardEnds(Communicator& world, const Combo& c) {
   Timeline timeline;
-  auto spans = Record(world, c, /*overlap=*/true, &timeline);
+  std::vector<Timeline::Span> spans;
+  ASSERT_NO_FATAL_FAILURE(Record(world, c, /*overlap=*/true, &timeline, &spans));
   ASSERT_FALSE(spans.empty());
   // The end of the last step's backward of layer0, and the optimizer spans of that step.
   // The last step's backward runs from "backward layer3" (the top module) to the end
@@ -108,7 +110,8 @@ void CheckOptimizerBeforeBackwardEnds(Communicator& world, const Combo& c) {
 
   // Without overlap, every optimizer span starts after the backward has ended.
   Timeline serial;
-  auto serial_spans = Record(world, c, /*overlap=*/false, &serial);
+  std::vector<Timeline::Span> serial_spans;
+  ASSERT_NO_FATAL_FAILURE(Record(world, c, /*overlap=*/false, &serial, &serial_spans));
   for (const auto& s : serial_spans) {
     EXPECT_EQ(s.name.find("speculative"), std::string::npos) << s.name;
   }
@@ -116,11 +119,11 @@ void CheckOptimizerBeforeBackwardEnds(Communicator& world, const Combo& c) {
 
 TEST(EngineTimeline, OptimizerStartsBeforeBackwardEnds) {
   World world;
-  CheckOptimizerBeforeBackwardEnds(*world.comm, {2, "cpu", "none"});
-  CheckOptimizerBeforeBackwardEnds(*world.comm, {3, "nvme", "nvme"});
+  ASSERT_NO_FATAL_FAILURE(CheckOptimizerBeforeBackwardEnds(*world.comm, {2, "cpu", "none"}));
+  ASSERT_NO_FATAL_FAILURE(CheckOptimizerBeforeBackwardEnds(*world.comm, {3, "nvme", "nvme"}));
   // The trace is valid Chrome-trace JSON with the engine's lanes.
   Timeline t;
-  Record(*world.comm, {3, "nvme", "cpu"}, true, &t);
+  ASSERT_NO_FATAL_FAILURE(Record(*world.comm, {3, "nvme", "cpu"}, true, &t));
   auto j = nlohmann::json::parse(t.ToChromeTraceJson());
   std::set<std::string> names;
   for (const auto& e : j["traceEvents"]) {
