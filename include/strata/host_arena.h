@@ -5,7 +5,8 @@
 // How it is pinned (HostArenaOptions::pinning):
 //  - cuda: cudaHostAlloc (portable), where this binary has CUDA and a GPU is present;
 //    the GPU's copy engines then DMA from it directly.
-//  - mlock: mmap + madvise(MADV_HUGEPAGE) + mlock elsewhere.
+//  - mlock: HostPages (below: transparent huge pages where the kernel allows them,
+//    faulted in at once) + mlock elsewhere.
 // Either way the memory is bound to a NUMA node (hwloc; normally the node of the GPU it
 // serves) and every page is touched at creation, so nothing faults later.
 //
@@ -65,6 +66,8 @@ struct HostBlock {
   explicit operator bool() const { return data != nullptr; }
 };
 
+class HostPages;
+
 class HostArena {
  public:
   // Allocates, binds, touches and pins the arena. Errors: InvalidArgument (bytes == 0,
@@ -84,7 +87,10 @@ class HostArena {
   // Whether the memory was bound to numa_node() (false when binding was refused,
   // which is logged, or not asked for).
   bool numa_bound() const { return numa_bound_; }
-  bool huge_pages() const { return huge_pages_; }  // MADV_HUGEPAGE was accepted
+  // mlock path: MADV_HUGEPAGE was accepted and transparent huge pages are not "never".
+  bool huge_pages() const { return huge_pages_; }
+  // mlock path: bytes of the arena the kernel put on 2 MiB pages at creation (0 for cuda).
+  uint64_t huge_page_bytes() const { return huge_page_bytes_; }
 
   // Takes `bytes` (> 0) from the arena (best fit). Over what is free (or too
   // fragmented) it is OutOfBudget naming the request, the arena size, what is
@@ -101,20 +107,73 @@ class HostArena {
 
  private:
   HostArena() = default;
+  // The mlock path of Create: map, bind, fault in, lock.
+  Status MapLocked(const HostArenaOptions& options);
   void* base_ = nullptr;
   uint64_t size_ = 0;
-  uint64_t mapped_ = 0;  // mlock path: the mmap length
+  std::unique_ptr<HostPages> pages_;  // mlock path: the mapping
   uint64_t segment_bytes_ = 0;
   HostPinning pinning_ = HostPinning::kMlock;
   int numa_node_ = -1;
   bool numa_bound_ = false;
   bool huge_pages_ = false;
+  uint64_t huge_page_bytes_ = 0;
 
   mutable std::mutex mu_;
   std::map<uint64_t, uint64_t> free_;  // offset -> length, coalesced
   std::map<uint64_t, uint64_t> used_;  // offset -> length
   uint64_t allocated_ = 0;
   uint64_t high_water_ = 0;
+};
+
+// Anonymous memory for I/O buffers, shared by the host arena (mlock path) and
+// `strata bench io`: 2 MiB aligned, on transparent huge pages where the kernel allows
+// them, every page faulted in by one pass before anyone registers it for I/O.
+//
+// Why huge pages: a disk request is cut into one segment per physically contiguous run
+// of its buffer, and the segments are what a queue runs out of (a virtio disk without
+// indirect descriptors spends one ring slot per segment: a 1 MiB read over scattered
+// 4 KiB pages fills its whole 256-slot ring, over a 2 MiB page it takes one). Where 4 KiB
+// pages land physically is up to the page allocator's free lists at fault time (the
+// order in which the previous owner freed them), not to how the pages are touched, so
+// only huge pages make the layout of a buffer predictable.
+//
+// Threads: one owner; the accessors are const. Ownership: unmapped by the destructor.
+class HostPages {
+ public:
+  // Maps `bytes` (> 0; rounded up to 2 MiB) 2 MiB aligned, and asks for transparent
+  // huge pages (madvise MADV_HUGEPAGE) when `huge_pages` and the kernel's mode
+  // (/sys/kernel/mm/transparent_hugepage/enabled) is not "never". Nothing is faulted in
+  // yet, so a NUMA policy set on the range before Populate() places the pages.
+  // Errors: InvalidArgument (bytes == 0), ResourceExhausted (mmap refused).
+  static Result<std::unique_ptr<HostPages>> Map(uint64_t bytes, bool huge_pages);
+  ~HostPages();
+  HostPages(const HostPages&) = delete;
+  HostPages& operator=(const HostPages&) = delete;
+
+  // Faults every page in, writable, in one pass in the kernel (MADV_POPULATE_WRITE; a
+  // write to each page where the kernel predates it, before Linux 5.14). Idempotent.
+  // Errors: ResourceExhausted (out of memory).
+  Status Populate();
+
+  char* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  // MADV_HUGEPAGE was asked for and accepted, and transparent huge pages are not "never".
+  bool huge_advised() const { return huge_advised_; }
+  // Bytes of the mapping now on 2 MiB pages (AnonHugePages in /proc/self/smaps; 0 when
+  // that cannot be read).
+  uint64_t HugePageBytes() const;
+  // Bytes of the mapping now resident (mincore).
+  uint64_t ResidentBytes() const;
+
+  // Tests: behave as a kernel without MADV_POPULATE_WRITE.
+  static void ForceTouchPopulateForTesting(bool on);
+
+ private:
+  HostPages(char* data, uint64_t size) : data_(data), size_(size) {}
+  char* data_;
+  uint64_t size_;
+  bool huge_advised_ = false;
 };
 
 // OK when `bytes` may be locked under `limit`; otherwise ResourceExhausted naming the

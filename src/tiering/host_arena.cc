@@ -1,12 +1,17 @@
-// The pinned host arena: creation (pin, bind, touch) and the best-fit sub-allocator.
+// The pinned host arena: creation (pin, bind, touch) and the best-fit sub-allocator;
+// HostPages, the mapping it (and `strata bench io`) takes its memory from.
 #include "strata/host_arena.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
+#include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "strata/device.h"
 #include "strata/log.h"
@@ -20,7 +25,92 @@ constexpr uint64_t kHugePage = 2ull << 20;
 
 uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 
+// Linux 5.14's advice; older C library headers lack the name, older kernels EINVAL it.
+#ifdef MADV_POPULATE_WRITE
+constexpr int kMadvPopulateWrite = MADV_POPULATE_WRITE;
+#else
+constexpr int kMadvPopulateWrite = 23;
+#endif
+
+std::atomic<bool> force_touch_populate{false};
+
+// AnonHugePages of the mappings in /proc/self/smaps that overlap [lo, hi).
+uint64_t SmapsAnonHugeBytes(uintptr_t lo, uintptr_t hi) {
+  std::ifstream in("/proc/self/smaps");
+  bool overlaps = false;
+  uint64_t total = 0;
+  for (std::string line; std::getline(in, line);) {
+    unsigned long long start = 0, end = 0, kib = 0;
+    // A mapping's header is "start-end perms ..."; its fields are "Name: value kB".
+    if (std::sscanf(line.c_str(), "%llx-%llx ", &start, &end) == 2) {
+      overlaps = start < hi && end > lo;
+    } else if (overlaps && std::sscanf(line.c_str(), "AnonHugePages: %llu kB", &kib) == 1) {
+      total += kib << 10;
+    }
+  }
+  return total;
+}
+
 }  // namespace
+
+Result<std::unique_ptr<HostPages>> HostPages::Map(uint64_t bytes, bool huge_pages) {
+  if (bytes == 0) return InvalidArgumentError("host pages: size must be > 0");
+  const uint64_t size = RoundUp(bytes, kHugePage);
+  // Over-map by one huge page so the mapping can start on a 2 MiB boundary.
+  const uint64_t mapped = size + kHugePage;
+  void* raw = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) {
+    return ResourceExhaustedError(ErrnoError(errno, "mmap of " + FormatBytes(mapped)).message());
+  }
+  const uintptr_t start = RoundUp(reinterpret_cast<uintptr_t>(raw), kHugePage);
+  const uint64_t head = start - reinterpret_cast<uintptr_t>(raw);
+  if (head > 0) munmap(raw, head);
+  if (mapped - head - size > 0) munmap(reinterpret_cast<char*>(start) + size, mapped - head - size);
+  std::unique_ptr<HostPages> pages(new HostPages(reinterpret_cast<char*>(start), size));
+  // Under "never" the kernel accepts the advice and ignores it.
+  if (huge_pages && QueryHugePages().thp_enabled != "never") {
+    pages->huge_advised_ = madvise(pages->data_, size, MADV_HUGEPAGE) == 0;
+    if (!pages->huge_advised_) {
+      STRATA_LOG(kDebug, "host") << "madvise(MADV_HUGEPAGE) refused: errno " << errno;
+    }
+  }
+  return pages;
+}
+
+HostPages::~HostPages() { munmap(data_, size_); }
+
+Status HostPages::Populate() {
+  // One pass in the kernel: each fault takes its page (a huge one where advised) straight
+  // from the allocator, and the pass costs a fraction of touching the pages from here.
+  if (!force_touch_populate.load(std::memory_order_relaxed)) {
+    if (madvise(data_, size_, kMadvPopulateWrite) == 0) return OkStatus();
+    const int err = errno;
+    if (err != EINVAL)
+      return ResourceExhaustedError(ErrnoError(err, "faulting in " + FormatBytes(size_)).message());
+  }
+  // Kernels before 5.14: a write to every page, of the byte already there (so populating
+  // twice keeps the data).
+  volatile char* p = data_;
+  for (uint64_t off = 0; off < size_; off += kHostBlockAlignment) p[off] = p[off];
+  return OkStatus();
+}
+
+uint64_t HostPages::HugePageBytes() const {
+  const auto lo = reinterpret_cast<uintptr_t>(data_);
+  // A neighbouring mapping merged into ours would count too.
+  return std::min(size_, SmapsAnonHugeBytes(lo, lo + size_));
+}
+
+uint64_t HostPages::ResidentBytes() const {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in_core((size_ + page - 1) / page);
+  if (mincore(data_, size_, in_core.data()) != 0) return 0;
+  uint64_t resident = 0;
+  for (unsigned char c : in_core) resident += (c & 1) ? page : 0;
+  return resident;
+}
+
+void HostPages::ForceTouchPopulateForTesting(bool on) { force_touch_populate.store(on); }
 
 std::string_view HostPinningName(HostPinning p) {
   switch (p) {
@@ -114,40 +204,7 @@ Result<std::unique_ptr<HostArena>> HostArena::Create(const HostArenaOptions& opt
       return InternalError("cudaHostAlloc returned memory that is not 4 KiB aligned");
     }
   } else {
-    // Over-map by one huge page so the arena can start on a 2 MiB boundary.
-    uint64_t mapped = size + kHugePage;
-    void* raw = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) {
-      Status s = ErrnoError(errno, "mmap of " + FormatBytes(mapped) + " for the pinned host arena");
-      return ResourceExhaustedError(s.message() + "; lower strata.host_budget");
-    }
-    auto start = RoundUp(reinterpret_cast<uintptr_t>(raw), kHugePage);
-    uint64_t head = start - reinterpret_cast<uintptr_t>(raw);
-    if (head > 0) munmap(raw, head);
-    if (mapped - head - size > 0) munmap(reinterpret_cast<char*>(start) + size, mapped - head - size);
-    arena->base_ = reinterpret_cast<void*>(start);
-    arena->mapped_ = size;
-    if (options.huge_pages) {
-      arena->huge_pages_ = madvise(arena->base_, size, MADV_HUGEPAGE) == 0;
-      if (!arena->huge_pages_) {
-        STRATA_LOG(kDebug, "host") << "madvise(MADV_HUGEPAGE) refused: errno " << errno;
-      }
-    }
-    if (options.numa_node >= 0) {
-      Status s = BindMemoryToNumaNode(arena->base_, size, options.numa_node);
-      if (s.code() == StatusCode::kInvalidArgument) return s;
-      if (!s.ok()) {
-        STRATA_LOG(kWarn, "host") << "host arena not bound to its NUMA node: " << s.message();
-      }
-      arena->numa_bound_ = s.ok();
-    }
-    // mlock faults every page in: this is the one touch the arena gets.
-    if (mlock(arena->base_, size) != 0) {
-      int err = errno;
-      Status s = ErrnoError(err, "mlock of " + FormatBytes(size) + " for the pinned host arena");
-      MemlockLimit now = QueryMemlockLimit();
-      return ResourceExhaustedError(s.message() + "; " + MemlockAdvice(now));
-    }
+    STRATA_RETURN_IF_ERROR(arena->MapLocked(options));
   }
   arena->free_.emplace(0, size);
   STRATA_LOG(kDebug, "host") << "host arena: " << FormatBytes(size) << " pinned by "
@@ -157,13 +214,47 @@ Result<std::unique_ptr<HostArena>> HostArena::Create(const HostArenaOptions& opt
   return arena;
 }
 
+Status HostArena::MapLocked(const HostArenaOptions& options) {
+  Result<std::unique_ptr<HostPages>> pages = HostPages::Map(size_, options.huge_pages);
+  if (!pages.ok()) {
+    return ResourceExhaustedError(pages.status().message() +
+                                  " for the pinned host arena; lower strata.host_budget");
+  }
+  pages_ = std::move(pages).value();
+  huge_pages_ = pages_->huge_advised();
+  if (options.numa_node >= 0) {
+    // Before the pages exist, so that the policy places them.
+    Status s = BindMemoryToNumaNode(pages_->data(), size_, options.numa_node);
+    if (s.code() == StatusCode::kInvalidArgument) return s;
+    if (!s.ok()) {
+      STRATA_LOG(kWarn, "host") << "host arena not bound to its NUMA node: " << s.message();
+    }
+    numa_bound_ = s.ok();
+  }
+  // The one touch the arena gets; mlock would fault the pages in too, but Populate does
+  // it in the kernel's fastest pass on every kernel that has one.
+  STRATA_RETURN_IF_ERROR(pages_->Populate().WithContext("the pinned host arena"));
+  if (mlock(pages_->data(), size_) != 0) {
+    int err = errno;
+    Status s = ErrnoError(err, "mlock of " + FormatBytes(size_) + " for the pinned host arena");
+    MemlockLimit now = QueryMemlockLimit();
+    return ResourceExhaustedError(s.message() + "; " + MemlockAdvice(now));
+  }
+  base_ = pages_->data();
+  huge_page_bytes_ = pages_->HugePageBytes();
+  if (huge_pages_ && huge_page_bytes_ < size_) {
+    STRATA_LOG(kDebug, "host") << "host arena: " << FormatBytes(huge_page_bytes_) << " of "
+                               << FormatBytes(size_) << " on huge pages (the kernel had no more free)";
+  }
+  return OkStatus();
+}
+
 HostArena::~HostArena() {
   if (base_ == nullptr) return;
   if (pinning_ == HostPinning::kCuda) {
     tiering::CudaHostFree(base_);
   } else {
-    munlock(base_, mapped_);
-    munmap(base_, mapped_);
+    munlock(base_, size_);  // pages_ unmaps
   }
 }
 

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 #include <linux/capability.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -10,6 +11,7 @@
 
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -251,6 +253,66 @@ TEST(HostArena, DefaultSizeFollowsBudgetAndLimits) {
   t.memlock.unlimited = false;
   t.memlock.soft_bytes = (8ull << 30) + 12345;
   EXPECT_EQ(DefaultHostArenaBytes(0, t), 8ull << 30);
+}
+
+// The mode in /sys/kernel/mm/transparent_hugepage/enabled ("" without THP).
+std::string ThpMode() { return QueryHugePages().thp_enabled; }
+
+TEST(HostPages, PopulateFaultsEveryPageInBeforeAnyTouch) {
+  auto p = HostPages::Map(6 << 20, /*huge_pages=*/false);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  HostPages& pages = **p;
+  EXPECT_EQ(pages.size(), 6u << 20);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(pages.data()) % (2 << 20), 0u);
+  EXPECT_EQ(pages.ResidentBytes(), 0u);  // mapped, not yet faulted in
+  ASSERT_TRUE(pages.Populate().ok());
+  EXPECT_EQ(pages.ResidentBytes(), pages.size());
+}
+
+TEST(HostPages, FallbackForKernelsWithoutPopulateWriteAlsoFaultsInAndKeepsData) {
+  HostPages::ForceTouchPopulateForTesting(true);
+  auto p = HostPages::Map(4 << 20, /*huge_pages=*/false);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  HostPages& pages = **p;
+  EXPECT_EQ(pages.ResidentBytes(), 0u);
+  Status first = pages.Populate();
+  EXPECT_EQ(pages.ResidentBytes(), pages.size());
+  std::memset(pages.data(), 0x5a, pages.size());
+  Status again = pages.Populate();
+  HostPages::ForceTouchPopulateForTesting(false);
+  ASSERT_TRUE(first.ok()) << first.ToString();
+  ASSERT_TRUE(again.ok()) << again.ToString();
+  for (uint64_t off = 0; off < pages.size(); off += 4096) ASSERT_EQ(pages.data()[off], 0x5a) << off;
+}
+
+TEST(HostPages, OnHugePagesWhereTheKernelAllowsThem) {
+  const std::string mode = ThpMode();
+  if (mode != "always" && mode != "madvise") GTEST_SKIP() << "transparent huge pages: '" << mode << "'";
+  auto p = HostPages::Map(8 << 20, /*huge_pages=*/true);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_TRUE((*p)->huge_advised());
+  ASSERT_TRUE((*p)->Populate().ok());
+  // All of it, as long as the kernel can still assemble four free 2 MiB pages.
+  EXPECT_EQ((*p)->HugePageBytes(), (*p)->size());
+  if (mode == "madvise") {
+    auto small = HostPages::Map(8 << 20, /*huge_pages=*/false);
+    ASSERT_TRUE(small.ok());
+    ASSERT_TRUE((*small)->Populate().ok());
+    EXPECT_FALSE((*small)->huge_advised());
+    EXPECT_EQ((*small)->HugePageBytes(), 0u);
+  }
+}
+
+TEST(HostArena, MlockArenaIsResidentAndOnHugePagesWhereAllowed) {
+  auto a = MakeArena(8 << 20);
+  std::vector<unsigned char> in_core(a->size() / 4096);
+  ASSERT_EQ(mincore(a->base(), a->size(), in_core.data()), 0);
+  for (size_t i = 0; i < in_core.size(); ++i) ASSERT_TRUE(in_core[i] & 1) << "page " << i;
+  const std::string mode = ThpMode();
+  if (mode == "always" || mode == "madvise") {
+    EXPECT_TRUE(a->huge_pages());
+    EXPECT_EQ(a->huge_page_bytes(), a->size());
+  }
 }
 
 }  // namespace
