@@ -26,6 +26,7 @@
 #include "strata/loss_scaler.h"
 #include "strata/nvme_store.h"
 #include "strata/timeline.h"
+#include "zero/budget_check.h"
 #include "zero/device_ops.h"
 #include "zero/layout.h"
 #include "zero/serial_worker.h"
@@ -37,9 +38,6 @@ inline int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
-
-// Where a plane's shards live.
-enum class ZeroTier { kDevice, kHost, kNvme };
 
 struct Engine::Impl {
   // --- fixed at creation ---
@@ -349,7 +347,27 @@ struct Engine::Impl {
 
   // --- engine.cc ---
   Status Init(const ParamInit& init);
+  // Plans every tier, refuses (OutOfBudget) before allocating anything or creating any
+  // file when a tier cannot hold the fixed part, then allocates and opens the stores.
   Status AllocateMemory();
+  // Pinned buffers for compute values on their way between the optimizer, the device
+  // and the parameter tier (one per worker that may hold one at a time, plus one).
+  static constexpr int kParamStaging = 3;
+  // What AllocateMemory plans before it allocates.
+  struct MemoryPlan {
+    // The fixed part of each tier's need.
+    zero::TierNeed device{ZeroTier::kDevice, {}}, host{ZeroTier::kHost, {}}, nvme{ZeroTier::kNvme, {}};
+    zero::TierBudget device_budget, host_budget;
+    uint64_t host_fixed = 0;       // the host need before the arena's fragmentation allowance
+    size_t max_module_chunks = 1;  // the most chunks one module touches
+    uint64_t recv_elems = 0;       // the reduce buffer on the device
+    int fixed_gather = 0;          // stage 3: gather buffers every configuration needs
+    bool out16_on_device = false;  // the device optimizer's output goes through device staging
+    int spares = 0;                // speculation spares (optional)
+  };
+  Status AllocateBuffers(const MemoryPlan& plan);  // gradient, reduce, gather and staging buffers
+  Status AllocateShards(const MemoryPlan& plan);   // optimizer state, gradient and parameter shards
+  Status OpenNvmeStores();
   Status InitParams(const ParamInit& init);
   Result<void*> DeviceAlloc(uint64_t bytes, const char* what);
   Result<void*> HostAlloc(uint64_t bytes, const char* what);
@@ -357,6 +375,29 @@ struct Engine::Impl {
   Status CopyToHost(void* dst, const void* src, uint64_t bytes);
   // The least of `v` over the ranks (collective over world; v itself at world size 1).
   Result<uint64_t> LeastOverRanks(uint64_t v);
+
+  // --- budget_plan.cc ---
+  // Piece sizes of the NVMe optimizer, whether parameters are published behind or read
+  // from the optimizer state, and which pieces lie wholly in padding.
+  void PlanPieces();
+  void PlanDeviceNeed(MemoryPlan& plan);
+  void PlanHostNeed(MemoryPlan& plan);  // also decides where NVMe-optimizer gradients wait
+  void PlanNvmeNeed(MemoryPlan& plan);
+  // Pinned bytes that the arena's 1 GiB segments may strand when holding `bytes`.
+  uint64_t Fragmentation(uint64_t bytes) const;
+  // The device room, the least over the ranks (collective), and where it comes from.
+  Result<zero::TierBudget> DeviceBudget();
+  // host_needed: whether the plan needs pinned memory before its optional parts.
+  zero::TierBudget HostBudget(bool host_needed) const;
+  // The fixed needs of every tier against their budgets, NVMe first (budget_check.h).
+  Status PlanMemory(MemoryPlan& plan);
+  // --- budget_extras.cc ---
+  // The optional parts, as the budgets leave room: speculation spares, NVMe staging
+  // sets, pinned gradient shards, gather buffers; sets info's needs.
+  void PlanExtras(MemoryPlan& plan);
+  // Stage 3: the gather buffers, prefetch window, kept and carried chunks within `room`
+  // device bytes; the device bytes they add beyond plan.fixed_gather.
+  uint64_t PlanGatherBuffers(const MemoryPlan& plan, uint64_t room);
 
   // --- engine_gather.cc (stage 3) ---
   // Positions in one micro-batch's trace: forward 0..L, then backward L..0.
@@ -428,6 +469,33 @@ struct Engine::Impl {
   Status AllGatherParams();
   Result<GradStats> LocalGradStats();
   void* Out16Target(int chunk, bool* on_host);
+
+  // --- views for tests (engine_corruption_test.cc): they change nothing the engine does ---
+  // A nested class may reach the engine's private state; tests get it only through here.
+  static Impl& Of(Engine& engine) { return *engine.impl_; }
+  // The opt_store slot the next read of a piece's state uses: the committed version,
+  // which SettleCommit makes current before any read when its commit is still deferred.
+  // The other slot is the one the next step writes. On the training thread while no
+  // step runs (between Step() and the next backward).
+  SlotId NextStateSlot(int chunk, int piece) const {
+    const OptChunk& o = opt[chunk];
+    return o.slot[o.commit_deferred ? 1 - o.current : o.current][piece];
+  }
+  SlotId NextStateWriteSlot(int chunk, int piece) const {
+    const OptChunk& o = opt[chunk];
+    return o.slot[o.commit_deferred ? o.current : 1 - o.current][piece];
+  }
+  // Whether the next gather of `chunk` may copy its shard from memory (BorrowFresh)
+  // instead of reading it from param_store.
+  bool HasFreshShard(int chunk) {
+    std::lock_guard lock(fresh_mu);
+    return !fresh_shard.empty() && fresh_shard[chunk] != nullptr;
+  }
+  // Waits until the reductions submitted so far have run, with the gradient shard writes
+  // they wait for; their results stay for whoever collects them. Training thread.
+  void WaitForReductions() const {
+    for (const auto& r : reduces) r.wait();
+  }
 };
 
 }  // namespace strata

@@ -1,0 +1,337 @@
+// The engine's memory plan: what each tier must hold, checked against the budgets before
+// anything is allocated or created on disk (budget_check.h). budget_extras.cc plans
+// what the budgets leave.
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "strata/host_arena.h"
+#include "strata/io.h"
+#include "strata/log.h"
+#include "strata/topology.h"
+#include "strata/units.h"
+#include "zero/engine_impl.h"
+#include "zero/keep_plan.h"
+
+namespace strata {
+namespace {
+
+using zero::Align4K;
+using zero::NeedScale;
+
+// The NVMe optimizer steps a chunk's shard in pieces of at most this much state
+// (master | m | v): small enough that even a tight host budget holds several staging
+// sets, so reads run ahead and writes behind while a piece steps; large enough (16
+// requests of the default 1 MiB block) that each piece keeps the disk's queue full.
+constexpr uint64_t kPieceStateBytes = 16ull << 20;
+
+zero::NeedPart Part(std::string what, uint64_t bytes, NeedScale scale, std::string lever = "",
+                    bool sharded = false, std::vector<std::string> paths = {}) {
+  return {std::move(what), bytes, scale, std::move(lever), sharded, std::move(paths)};
+}
+
+std::string Chunks(uint64_t n) { return std::to_string(n) + (n == 1 ? " chunk" : " chunks"); }
+
+// The lever that takes the optimizer state off the device at `stage`.
+std::string OffloadOptimizerFromDevice(int stage) {
+  if (stage == 0)
+    return "zero_optimization.stage 1-3 with offload_optimizer.device \"cpu\" (\"nvme\" at stage 3)";
+  if (stage < 3) return "offload_optimizer.device \"cpu\" (\"nvme\" needs stage 3)";
+  return "offload_optimizer.device \"cpu\" or \"nvme\"";
+}
+
+}  // namespace
+
+void Engine::Impl::PlanPieces() {
+  const zero::Layout& l = layout;
+  grad_slot_bytes = Align4K(opt_elems * 4);
+  piece_elems = std::max<int64_t>(opt_elems, 1);
+  // Both on NVMe: the new 16-bit shard is assembled in one of two buffers and written
+  // behind while the next chunk steps into the other; in fp32 it is the master itself.
+  publish_behind = opt_tier == ZeroTier::kNvme && stage == 3 && param_tier == ZeroTier::kNvme;
+  param_from_master = publish_behind && compute == DType::kF32;
+  if (opt_tier == ZeroTier::kNvme) {
+    // sub_group_size (DeepSpeed's key) bounds a piece from above; the engine's own cap
+    // keeps pieces small enough to pipeline whatever the model's chunk size.
+    const int64_t cap = std::min<int64_t>(
+        static_cast<int64_t>(std::min<uint64_t>(config.zero.sub_group_size, kPieceStateBytes / 12)),
+        opt_elems);
+    const int64_t k = (opt_elems + std::max<int64_t>(cap, 1) - 1) / std::max<int64_t>(cap, 1);
+    piece_elems = std::max<int64_t>((opt_elems + k - 1) / k, 1);  // k pieces, none above the cap
+    // A gather reads each piece's master into its place in the shard: O_DIRECT wants
+    // every piece to start on a 4 KiB boundary there (the shard is a multiple of 2048),
+    // so pieces become multiples of 1024 elements: rounded up (no more pieces) unless
+    // that passes the cap, then down. A cap below 1024 keeps the parameter swap.
+    if (param_from_master && piece_elems % 1024 != 0) {
+      const int64_t up = (piece_elems + 1023) / 1024 * 1024;
+      if (up <= cap) {
+        piece_elems = up;
+      } else if (piece_elems > 1024) {
+        piece_elems = piece_elems / 1024 * 1024;
+      } else {
+        param_from_master = false;
+      }
+    }
+  }
+  pieces = static_cast<int>((opt_elems + piece_elems - 1) / piece_elems);
+  if (pieces == 0) pieces = 1;
+  opt_set_bytes = Align4K(3 * piece_elems * 4);
+  if (pieces > 1 && 12 * piece_elems < (1 << 20)) {
+    STRATA_LOG(kWarn, "engine")
+        << "zero_optimization.sub_group_size " << config.zero.sub_group_size
+        << " cuts each shard's optimizer state into " << pieces << " pieces of "
+        << FormatBytes(12 * piece_elems)
+        << ": NVMe requests that small cost more than they move; raise it, or leave the "
+           "default and strata takes pieces of up to 16 MiB";
+  }
+  piece_live.assign(opt_tier == ZeroTier::kNvme ? static_cast<size_t>(l.num_chunks) * pieces : 0, 1);
+  for (uint64_t c = 0; c < piece_live.size() / pieces; ++c) {
+    for (int p = 0; p < pieces; ++p) {
+      const int64_t begin = opt_offset + p * piece_elems, end = begin + PieceElems(p);
+      for (const auto& [g0, g1] : l.chunk_gaps[c]) {
+        if (g0 <= begin && end <= g1) piece_live[PieceKey(static_cast<int>(c), p)] = 0;
+      }
+    }
+  }
+}
+
+void Engine::Impl::PlanDeviceNeed(MemoryPlan& p) {
+  const zero::Layout& l = layout;
+  const uint64_t n_chunks = l.num_chunks, chunk16 = l.chunk_elems * csize;
+  const std::string dt(DTypeName(compute));
+  for (const auto& chunks : l.module_chunks)
+    p.max_module_chunks = std::max(p.max_module_chunks, chunks.size());
+  grad_buffers = static_cast<int>(p.max_module_chunks) + 1;
+  p.recv_elems = (stage <= 1) ? l.chunk_elems : l.shard_elems;
+  zero::TierNeed& d = p.device;
+  d.Add(
+      Part("fp32 gradient buffers for the largest module's " + Chunks(p.max_module_chunks) + " and one more",
+           grad_buffers * l.chunk_elems * 4ull, NeedScale::kChunk));
+  d.Add(Part(std::string("the fp32 reduce buffer (one ") + (stage <= 1 ? "chunk)" : "shard)"),
+             p.recv_elems * 4, NeedScale::kChunk, "", stage > 1));
+  if (stage < 3) {
+    d.Add(Part(
+        "every chunk's " + dt + " compute parameters (stage " + std::to_string(stage) +
+            " keeps the whole model on each device)",
+        n_chunks * chunk16, NeedScale::kModel,
+        "zero_optimization.stage 3 with offload_param.device \"cpu\" or \"nvme\" (it gathers a module at a "
+        "time)"));
+  } else {
+    // The running module's chunks, and the chunks of small tensors only, which stay
+    // gathered whatever the budget, as DeepSpeed's do; more if it fits.
+    const zero::KeepPlan persist = zero::PlanKeep(l, 0, config.zero.stage3_param_persistence_threshold, 0);
+    p.fixed_gather = zero::PeakGathered(l, persist.kept, /*window=*/0);
+    const int module_peak = zero::PeakGathered(l, {}, /*window=*/0);
+    d.Add(Part("the largest module's gathered " + dt + " parameters (" + Chunks(module_peak) + ")",
+               module_peak * chunk16, NeedScale::kChunk));
+    d.Add(Part(Chunks(p.fixed_gather - module_peak) + " kept gathered for stage3_param_persistence_threshold",
+               (p.fixed_gather - module_peak) * chunk16, NeedScale::kChunk,
+               "lower zero_optimization.stage3_param_persistence_threshold"));
+    if (param_tier == ZeroTier::kDevice) {
+      d.Add(Part("the " + dt + " parameter shards", n_chunks * l.shard_elems * csize, NeedScale::kModel,
+                 "offload_param.device \"cpu\" or \"nvme\"", true));
+    }
+  }
+  p.out16_on_device = stage == 3 && opt_tier == ZeroTier::kDevice && !device->host_accessible();
+  if (p.out16_on_device) {
+    d.Add(Part("the optimizer's " + dt + " output staging (one shard)", opt_elems * csize, NeedScale::kChunk,
+               "", true));
+  }
+  if (opt_tier == ZeroTier::kDevice) {
+    d.Add(Part("the optimizer state (fp32 master, m and v) and fp32 gradient shards",
+               n_chunks * 16 * opt_elems, NeedScale::kModel, OffloadOptimizerFromDevice(stage), stage >= 1));
+  }
+}
+
+void Engine::Impl::PlanHostNeed(MemoryPlan& p) {
+  const zero::Layout& l = layout;
+  const uint64_t n_chunks = l.num_chunks, out16 = Align4K(opt_elems * csize);
+  const std::string dt(DTypeName(compute));
+  zero::TierNeed& h = p.host;
+  if (stage == 3 && param_tier == ZeroTier::kHost) {
+    h.Add(Part("the " + dt + " parameter shards", n_chunks * Align4K(l.shard_elems * csize),
+               NeedScale::kModel, "offload_param.device \"nvme\"", true));
+  }
+  if (stage == 3 || opt_tier != ZeroTier::kDevice) {
+    h.Add(Part("staging for " + std::to_string(kParamStaging) + " " + dt + " parameter shards",
+               kParamStaging * out16, NeedScale::kChunk, "", stage >= 1));
+  }
+  if (opt_tier == ZeroTier::kHost) {
+    h.Add(Part("the optimizer state (fp32 master, m and v) and fp32 gradient shards",
+               n_chunks * (opt_set_bytes + grad_slot_bytes), NeedScale::kModel,
+               stage == 3 ? "offload_optimizer.device \"nvme\""
+                          : "zero_optimization.stage 3 with offload_optimizer.device \"nvme\"",
+               true));
+  }
+  if (opt_tier == ZeroTier::kNvme) {
+    h.Add(Part("one NVMe optimizer staging set (a piece's fp32 master, m and v)", opt_set_bytes,
+               pieces > 1 ? NeedScale::kFixed : NeedScale::kChunk,
+               pieces > 1 ? "lower zero_optimization.sub_group_size (smaller NVMe optimizer pieces)" : "",
+               pieces == 1));
+  }
+  if (grad_tier != ZeroTier::kDevice) {
+    h.Add(Part("the fp32 gradient receive buffer (one shard)", grad_slot_bytes, NeedScale::kChunk, "", true));
+  }
+  p.host_budget = HostBudget(h.Total() > 0);
+  if (publish_behind) {
+    h.Add(Part("2 " + dt + " parameter shards on their way to NVMe", 2 * out16, NeedScale::kChunk, "", true));
+  }
+  if (opt_tier == ZeroTier::kNvme) {
+    // Gradient shards wait for the step in pinned memory if the budget holds them
+    // (no extra I/O), else on NVMe beside the state: at least two pinned shards, which
+    // also hold a shard read back for a step that needs it from disk.
+    const uint64_t on_host = h.Total() + n_chunks * grad_slot_bytes;
+    const std::string& want = config.strata.gradients;
+    // With overlap on and clipping off no step is ever redone, so a shard on the NVMe
+    // path never touches the disk (engine_grads.cc): auto takes it then even when the
+    // budget would hold the shards, and the freed memory deepens the staging pipeline
+    // (100M-parameter stage-3 step at 1200 MiB: 1.70 s against 1.82 s in memory). Not
+    // with gradient accumulation: every micro-batch but the last writes and reads back
+    // each shard there.
+    const bool free_on_nvme =
+        overlap && config.gradient_clipping <= 0 && config.gradient_accumulation_steps <= 1;
+    if (want == "nvme" ||
+        (want == "auto" && (free_on_nvme || on_host + Fragmentation(on_host) > p.host_budget.bytes))) {
+      grad_tier = ZeroTier::kNvme;
+      h.Add(Part("2 fp32 gradient shards on their way to NVMe", 2 * grad_slot_bytes, NeedScale::kChunk, "",
+                 true));
+    } else {
+      h.Add(Part("the fp32 gradient shards", n_chunks * grad_slot_bytes, NeedScale::kModel,
+                 want == "host" ? "strata.gradients \"nvme\"" : "", true));
+    }
+  }
+  p.host_fixed = h.Total();
+  if (p.host_fixed > 0) {
+    h.Add(Part("room for blocks stranded at the pinned arena's segment boundaries",
+               Fragmentation(p.host_fixed), NeedScale::kOverhead));
+  }
+}
+
+void Engine::Impl::PlanNvmeNeed(MemoryPlan& p) {
+  const zero::Layout& l = layout;
+  const uint64_t n_chunks = l.num_chunks;
+  // More disks, each with its share: the key that lists a store's directories.
+  auto more_disks = [&](const OffloadConfig& offload, const char* key) {
+    return std::string("stripe the swap over more disks (several directories in ") +
+           (offload.nvme_path.empty() ? "strata.swap_paths" : key) + ")";
+  };
+  const OffloadConfig& oo = config.zero.offload_optimizer;
+  const std::string opt_disks = more_disks(oo, "zero_optimization.offload_optimizer.nvme_path");
+  if (stage == 3 && param_tier == ZeroTier::kNvme && !param_from_master) {
+    const OffloadConfig& op = config.zero.offload_param;
+    p.nvme.Add(Part("the " + std::string(DTypeName(compute)) + " parameter shards",
+                    n_chunks * Align4K(l.shard_elems * csize), NeedScale::kModel,
+                    more_disks(op, "zero_optimization.offload_param.nvme_path"), true,
+                    SwapPaths(config, op)));
+  }
+  if (opt_tier == ZeroTier::kNvme) {
+    p.nvme.Add(Part("the optimizer state (fp32 master, m and v, in two slots: committed and next)",
+                    2 * n_chunks * pieces * opt_set_bytes, NeedScale::kModel, opt_disks, true,
+                    SwapPaths(config, oo)));
+  }
+  if (grad_tier == ZeroTier::kNvme) {
+    p.nvme.Add(Part("the fp32 gradient shards", n_chunks * grad_slot_bytes, NeedScale::kModel, opt_disks,
+                    true, SwapPaths(config, oo)));
+  }
+}
+
+uint64_t Engine::Impl::Fragmentation(uint64_t bytes) const {
+  // The arena never splits a block across its 1 GiB segments (io_uring registers each
+  // segment as one buffer), so each segment boundary may strand up to one block; a block
+  // larger than a segment crosses boundaries anyway (host_arena.h), so no more than one
+  // segment is stranded.
+  const uint64_t segment = arena != nullptr ? arena->segment_bytes() : HostArenaOptions{}.segment_bytes;
+  const uint64_t block =
+      std::min(segment, std::max({opt_set_bytes, Align4K(layout.chunk_elems * csize), grad_slot_bytes}));
+  // A block can be stranded only in front of a segment boundary of an arena of our own
+  // (it starts empty); a shared arena may already be cut up, so allow one block more.
+  uint64_t boundaries = bytes / segment + (arena != nullptr ? 1 : 0);
+  if ((bytes + boundaries * block) / segment > bytes / segment) ++boundaries;
+  return boundaries * block;
+}
+
+Result<zero::TierBudget> Engine::Impl::DeviceBudget() {
+  // Which chunks are gathered, kept and released must be the same on every rank (each
+  // gather is a collective), and a rank that cannot hold the configuration must not
+  // leave the others waiting: every rank plans with the least room any rank has.
+  const uint64_t capacity = device->capacity(), used = device->allocated();
+  STRATA_ASSIGN_OR_RETURN(const uint64_t have, LeastOverRanks(capacity - used));
+  zero::TierBudget b{have, "", "raise strata.device_budget to at least {need}"};
+  if (config.strata.device_budget != 0 && capacity == config.strata.device_budget) {
+    b.source = "strata.device_budget";
+  } else if (device->kind() == DeviceKind::kSim) {
+    b.source = config.strata.device_budget ? "the sim device's size" : "the sim device's default size";
+    b.raise = "set strata.device_budget to at least {need}";
+  } else {
+    b.source = device->name() + ": 95% of its free memory, strata.device_budget unset";
+    b.raise = "free memory on the device or use one with at least {need}";
+  }
+  if (used > 0) b.source += "; " + FormatBytes(used) + " of " + FormatBytes(capacity) + " already in use";
+  if (world_size > 1) b.source += "; the least any of the " + std::to_string(world_size) + " ranks has";
+  return b;
+}
+
+zero::TierBudget Engine::Impl::HostBudget(bool host_needed) const {
+  zero::TierBudget b{config.strata.host_budget, "strata.host_budget",
+                     "raise strata.host_budget to at least {need}"};
+  if (b.bytes == 0 && (host_needed || arena == nullptr)) {
+    auto topo = DiscoverTopology();
+    b.raise = "set strata.host_budget to at least {need}";
+    if (!topo.ok()) {
+      b.bytes = 4 * GiB;
+      b.source = "what strata assumes when it cannot read the machine, strata.host_budget unset";
+    } else {
+      // DefaultHostArenaBytes: the lockable memory, at most half of the machine's.
+      b.bytes = DefaultHostArenaBytes(0, *topo);
+      uint64_t memory = topo->total_memory_bytes;
+      if (memory == 0) memory = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+      const uint64_t lockable = topo->memlock.lockable_bytes();
+      if (lockable < memory / 2) {
+        b.source = "the memlock limit (ulimit -l " + FormatBytes(lockable) + "), strata.host_budget unset";
+        b.raise = "raise `ulimit -l` and set strata.host_budget to at least {need}";
+      } else {
+        b.source = "half of this machine's " + FormatBytes(memory) + ", strata.host_budget unset";
+      }
+    }
+  }
+  if (arena != nullptr) {
+    const uint64_t free = arena->size() - arena->allocated();
+    if ((b.bytes ? b.bytes : arena->size()) >= free) {
+      b.source = "what is free of the host arena given in EngineResources.host_arena (" + FormatBytes(free) +
+                 " of " + FormatBytes(arena->size()) + ")";
+      b.raise = "give the engine a host arena with at least {need} free";
+    }
+    b.bytes = std::min<uint64_t>(b.bytes ? b.bytes : arena->size(), free);
+  }
+  return b;
+}
+
+Status Engine::Impl::PlanMemory(MemoryPlan& p) {
+  PlanPieces();
+  PlanDeviceNeed(p);
+  STRATA_ASSIGN_OR_RETURN(p.device_budget, DeviceBudget());
+  PlanHostNeed(p);
+  PlanNvmeNeed(p);
+  zero::PlanShape shape;
+  shape.stage = stage;
+  shape.world_size = world_size;
+  shape.opt_tier = opt_tier;
+  shape.param_tier = param_tier;
+  shape.num_params = layout.num_params;
+  shape.chunk_elems = layout.chunk_elems;
+  for (const auto& m : modules) {
+    int64_t n = 0;
+    for (const auto& t : m.tensors) n += t.numel();
+    shape.largest_module = std::max(shape.largest_module, n);
+  }
+  shape.chunk_size = config.strata.chunk_size;
+  // NVMe first: a model too large for the disk is refused for that, however the memory
+  // tiers are set; nothing is created on disk before this.
+  const zero::TierVerdict nvme = zero::CheckNvme(p.nvme, config.strata.nvme_budget,
+                                                 IoEngineOptions::FromConfig(config).block_size, shape);
+  const zero::TierVerdict dev = zero::CheckTier(p.device, p.device_budget, shape);
+  const zero::TierVerdict host = zero::CheckTier(p.host, p.host_budget, shape);
+  return zero::Refuse({&nvme, &dev, &host});
+}
+
+}  // namespace strata
