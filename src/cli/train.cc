@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <optional>
 #include <set>
 
@@ -191,73 +192,79 @@ void NoteMissingSwapDirs(const Config& c) {
   }
 }
 
-void RunTrain(const TrainFlags& f) {
-  // Before MPI and oneTBB start threads, so that they inherit the blocked signals.
-  InterruptGuard guard(InterruptGuard::Options{f.keep_swap});
-  TrainJob job;
+// What both commands start from: the config with its batch sizes resolved over the
+// world, the model, and the world itself. Refusals come before MPI starts.
+struct Prepared {
+  Config config;
+  model::MlpSpec model;
+  std::unique_ptr<Communicator> world;
+};
+
+Prepared Prepare(const TrainFlags& f, std::map<std::string, std::string>* origin) {
   ThrowIfError(CheckCounts(f));
-  auto config = BuildConfig(f, &job.origin);
+  auto config = BuildConfig(f, origin);
   ThrowIfError(config.status());
   auto model = BuildModel(f, config->seed);
   ThrowIfError(model.status());
   auto world = InitWorld(CommOptions{"world", config->strata.collective_timeout_s});
   ThrowIfError(world.status());
   ThrowIfError(ResolveBatchSizes(&*config, (*world)->size(), kDefaultMicroBatch));
-  job.config = *config;
-  job.model = *model;
-  job.data_seed = config->seed + 1;
+  return {*config, *model, std::move(*world)};
+}
+
+void RunTrain(const TrainFlags& f) {
+  // Before MPI and oneTBB start threads, so that they inherit the blocked signals.
+  InterruptGuard guard(InterruptGuard::Options{f.keep_swap});
+  TrainJob job;
+  Prepared p = Prepare(f, &job.origin);
+  job.config = p.config;
+  job.model = p.model;
+  job.data_seed = p.config.seed + 1;
   job.steps = f.steps;
   job.json = f.json;
-  if ((*world)->rank() == 0) NoteMissingSwapDirs(job.config);
-  const int code = RunTrainJob(**world, job, guard);
+  if (p.world->rank() == 0) NoteMissingSwapDirs(job.config);
+  const int code = RunTrainJob(*p.world, job, guard);
   if (code != 0) {
     std::fflush(stdout);
     std::fflush(stderr);
     std::_Exit(code);  // peers may be mid-collective: no MPI_Finalize
   }
-  world->reset();
+  p.world.reset();
   ThrowIfError(FinalizeWorld());
 }
 
 void RunBench(const TrainFlags& f) {
-  ThrowIfError(CheckCounts(f));
   std::map<std::string, std::string> origin;
-  auto config = BuildConfig(f, &origin);
-  ThrowIfError(config.status());
-  auto model = BuildModel(f, config->seed);
-  ThrowIfError(model.status());
-  auto world = InitWorld(CommOptions{"world", config->strata.collective_timeout_s});
-  ThrowIfError(world.status());
-  ThrowIfError(ResolveBatchSizes(&*config, (*world)->size(), kDefaultMicroBatch));
+  Prepared p = Prepare(f, &origin);
   zero::StepBenchOptions o;
-  o.config = *config;
-  o.spec.model = *model;
-  o.spec.data.seed = config->seed + 1;
+  o.config = p.config;
+  o.spec.model = p.model;
+  o.spec.data.seed = p.config.seed + 1;
   o.spec.steps = f.steps;
-  o.spec.micro_batch = config->train_micro_batch_size_per_gpu;
+  o.spec.micro_batch = p.config.train_micro_batch_size_per_gpu;
   o.compare_serial = !f.no_overlap;
   o.measure_rates = true;
   std::string text;
   Result<nlohmann::json> report = nlohmann::json();
   if (f.repeat <= 1) {
-    report = zero::RunStepBench(**world, o, &text);
+    report = zero::RunStepBench(*p.world, o, &text);
   } else {
     std::vector<nlohmann::json> rounds;
     for (int i = 0; i < f.repeat && report.ok(); ++i) {
-      report = zero::RunStepBench(**world, o, nullptr);
+      report = zero::RunStepBench(*p.world, o, nullptr);
       if (report.ok()) rounds.push_back(*report);
     }
     if (report.ok()) report = zero::SummarizeRounds(rounds, &text);
   }
   ThrowIfError(report.status());
-  if ((*world)->rank() == 0) {
+  if (p.world->rank() == 0) {
     if (f.json) {
       std::printf("%s\n", report->dump(2).c_str());
     } else {
       std::fputs(text.c_str(), stdout);
     }
   }
-  world->reset();
+  p.world.reset();
   ThrowIfError(FinalizeWorld());
 }
 
