@@ -40,4 +40,11 @@ mapfile -t wanted < <(printf '%s\n' "${closure[@]}" | grep -Ev "$skip_re" |
 echo "fetch-debs: ${#wanted[@]} packages into $dir/"
 (cd "$dir" && apt-get download -qq "${wanted[@]}")
 printf '%s\n' "${wanted[@]}" > "$dir/PACKAGES"
-du -sh "$dir" | awk '{print "fetch-debs: " $1 " in '"$dir"'/"}'
+# The device tool carries at most 64 MiB of ignored paths with the working tree; the
+# .debs are all that device-check.sh needs carried (it builds from the sources).
+kib=$(du -sk "$dir" | cut -f1)
+echo "fetch-debs: $((kib / 1024)) MiB ($kib KiB) in $dir/, carry limit 64 MiB"
+if ((kib > 60 * 1024)); then
+  echo "fetch-debs: $dir/ is over 60 MiB: too close to the 64 MiB carry limit; trim roots or skip_re" >&2
+  exit 1
+fi

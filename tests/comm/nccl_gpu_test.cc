@@ -18,11 +18,32 @@ class FinalizeMpi : public ::testing::Environment {
 };
 const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new FinalizeMpi);
 
+// Where the device communicator cannot be made (no NCCL in this build, no GPU), it
+// refuses with Unavailable and says which; the tests below need it and skip.
+TEST(NcclBuild, RefusesWithTheReasonWhereUnavailable) {
+  if (NcclAvailable()) return;  // NCCL and a GPU: NcclTest exercises the real thing
+  auto w = InitWorld(CommOptions{});
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  CommOptions o;
+  o.name = "nccl-test";
+  auto d = CreateNcclCommunicator(**w, NcclOptions{}, o);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kUnavailable) << d.status().ToString();
+  const std::string& m = d.status().message();
+  EXPECT_TRUE(m.find("built without NCCL") != std::string::npos ||
+              m.find("built without CUDA/NCCL") != std::string::npos ||
+              m.find("no CUDA device") != std::string::npos)
+      << m;
+}
+
 #if STRATA_HAVE_CUDA
 class NcclTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!NcclAvailable()) GTEST_SKIP() << "no GPU visible (or no NCCL): device collectives not tested here";
+    if (!NcclAvailable()) {
+      GTEST_SKIP()
+          << "no GPU visible, or built without NCCL (NcclBuild says which): device collectives not tested";
+    }
     auto w = InitWorld(CommOptions{});
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     host_ = std::move(w).value();
@@ -73,7 +94,8 @@ TEST_F(NcclTest, EveryOpAndDTypeMatchesTheExpectation) {
         ASSERT_TRUE(dev_->AllReduce(s, r, n, d, op).Wait().ok());
         EXPECT_EQ(Download(r, bytes), comm::test::Reduced(d, 1, n, 3, op)) << "AllReduce " << DTypeName(d);
         ASSERT_TRUE(dev_->ReduceScatter(s, r, n, d, op).Wait().ok());
-        EXPECT_EQ(Download(r, bytes), comm::test::Reduced(d, 1, n, 3, op)) << "ReduceScatter " << DTypeName(d);
+        EXPECT_EQ(Download(r, bytes), comm::test::Reduced(d, 1, n, 3, op))
+            << "ReduceScatter " << DTypeName(d);
       }
       void* s = Upload(in);
       void* r = Upload(std::vector<uint8_t>(bytes, 0));
@@ -110,8 +132,6 @@ TEST_F(NcclTest, SplitAndBucketing) {
   for (size_t i = 0; i < ins.size(); ++i) EXPECT_EQ(Download(r[i], ins[i].size()), ins[i]) << "tensor " << i;
   b->reset();
 }
-#else
-TEST(NcclTest, NotBuilt) { GTEST_SKIP() << "built without CUDA/NCCL"; }
 #endif
 
 }  // namespace

@@ -1,7 +1,19 @@
 // The CUDA kernels against the CPU kernels (skipped where there is no GPU).
+//
+// The matrix products run on cuBLAS in one of two precisions (model/cuda/matmul.h):
+//  - fp32 (no tensor cores): both sides accumulate fp32 in different orders, so they
+//    differ by fp32 rounding: within 1e-5 of the largest |cpu| entry.
+//  - tensor cores: the inputs are rounded (TF32 for fp32 weights, the activations to the
+//    weights' 16-bit type), so each element is held to the classic GEMM error bound
+//        |gpu - cpu| <= (2u + u^2 + (k + 2) 2^-23) * (sum_p |a_ip| |b_pj| + |c_old| + |bias|)
+//    with u the input rounding's relative error (TF32 2^-10 allowing truncation, bf16
+//    2^-8, fp16 2^-11), k the reduced length, plus k 2^-24 absolute for fp16's
+//    subnormals (inputs here are within [-1, 1]). It holds for every input, so the test
+//    cannot flake; a wrong operand, transpose or stride breaks it by orders of magnitude.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -9,15 +21,29 @@
 #include "strata/mlp.h"
 #include "strata/mlp_cuda.h"
 #include "strata/mlp_kernels.h"
+#if STRATA_HAVE_CUDA
+#include "model/cuda/matmul.h"
+#endif
 
 namespace strata::model {
 namespace {
+
+// Sets the precision of the products enqueued from now on (a no-op without CUDA, where
+// every test skips).
+void UseTensorCores(bool tensor) {
+#if STRATA_HAVE_CUDA
+  cuda::SetMatmulPrecision(tensor ? cuda::MatmulPrecision::kTensorCores : cuda::MatmulPrecision::kFp32);
+#else
+  (void)tensor;
+#endif
+}
 
 class MlpGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const Status available = cuda::DeviceAvailable();
     if (!available.ok()) GTEST_SKIP() << "no GPU: " << available.ToString();
+    UseTensorCores(false);  // the tests that compare at fp32 tolerances; others switch
   }
   ~MlpGpuTest() override {
     for (void* p : allocations_) EXPECT_TRUE(cuda::Free(p).ok());
@@ -60,6 +86,40 @@ void ExpectClose(const std::vector<float>& gpu, const std::vector<float>& cpu, d
   EXPECT_LE(err, tol * scale) << what;
 }
 
+// Each element within `factor` * bound[i] (+ `slack`) of the CPU's.
+void ExpectWithinBound(const std::vector<float>& gpu, const std::vector<float>& cpu,
+                       const std::vector<float>& bound, double factor, double slack,
+                       const std::string& what) {
+  ASSERT_EQ(gpu.size(), cpu.size());
+  ASSERT_EQ(bound.size(), cpu.size());
+  size_t bad = 0, worst = 0;
+  double worst_ratio = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double err = std::abs(static_cast<double>(gpu[i]) - cpu[i]);
+    const double allowed = factor * bound[i] + slack;
+    if (!(err <= allowed)) ++bad;
+    const double ratio = err / (allowed + 1e-300);
+    if (ratio > worst_ratio || std::isnan(err)) worst_ratio = ratio, worst = i;
+  }
+  EXPECT_EQ(bad, 0u) << what << ": worst element " << worst << " gpu " << gpu[worst] << " cpu " << cpu[worst]
+                     << " bound " << factor * bound[worst] + slack;
+}
+
+std::vector<float> Abs(std::vector<float> v) {
+  for (float& x : v) x = std::abs(x);
+  return v;
+}
+
+// The input rounding's relative error u for the tensor-core products with `dtype` weights.
+double TensorCoreUnit(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return std::ldexp(1.0, -10);  // TF32, truncation allowed
+    case DType::kBf16: return std::ldexp(1.0, -8);
+    case DType::kFp16: return std::ldexp(1.0, -11);
+  }
+  return 1;
+}
+
 TEST_F(MlpGpuTest, LinearMatchesCpu) {
   const int64_t batch = 37, in = 130, out = 75;
   const std::vector<float> x = Random(batch * in, 1), w = Random(out * in, 2, 0.1f), b = Random(out, 3),
@@ -99,6 +159,78 @@ TEST_F(MlpGpuTest, LinearMatchesCpu) {
     ExpectClose(Download(dwd, dw.size()), dw, 1e-5, "dw");
     ExpectClose(Download(dbd, db.size()), db, 1e-5, "db");
   }
+}
+
+TEST_F(MlpGpuTest, LinearOnTensorCoresWithinTheRoundingBound) {
+  UseTensorCores(true);
+  struct Shape {
+    int64_t batch, in, out;
+  };
+  // An odd shape (edge tiles, unaligned rows) and one the tensor-core kernels tile evenly.
+  for (const Shape sh : {Shape{37, 130, 75}, Shape{256, 512, 384}}) {
+    const int64_t batch = sh.batch, in = sh.in, out = sh.out;
+    const std::vector<float> x = Random(batch * in, 11), w = Random(out * in, 12, 0.1f), b = Random(out, 13),
+                             dy = Random(batch * out, 14);
+    for (DType dtype : {DType::kF32, DType::kBf16, DType::kFp16}) {
+      const std::string name = std::string(DTypeName(dtype)) + " " + std::to_string(batch) + "x" +
+                               std::to_string(in) + "x" + std::to_string(out);
+      // The weights as the device holds them, and their exact fp32 values for the CPU.
+      std::vector<float> wf = w, bf = b;
+      std::vector<uint16_t> wh(w.size()), bh(b.size());
+      const void* w_dev = nullptr;
+      const void* b_dev = nullptr;
+      if (dtype == DType::kF32) {
+        w_dev = Upload(w);
+        b_dev = Upload(b);
+      } else {
+        FromFloat(w.data(), w.size(), dtype, wh.data());
+        FromFloat(b.data(), b.size(), dtype, bh.data());
+        ToFloat(wh.data(), dtype, wh.size(), wf.data());
+        ToFloat(bh.data(), dtype, bh.size(), bf.data());
+        w_dev = Upload(wh);
+        b_dev = Upload(bh);
+      }
+      std::vector<float> y(batch * out), dx(batch * in), dw(out * in, 0.5f), db(out, 0.5f);
+      LinearForward(x.data(), batch, in, out, wf.data(), bf.data(), DType::kF32, y.data());
+      LinearBackward(x.data(), dy.data(), batch, in, out, wf.data(), DType::kF32, dx.data(), dw.data(),
+                     db.data(), true);
+      // The bounds' sums: the same products over absolute values.
+      const std::vector<float> xa = Abs(x), wa = Abs(wf), ba = Abs(bf), dya = Abs(dy);
+      std::vector<float> ys(y.size()), dxs(dx.size()), dws(dw.size(), 0.5f), dbs(db.size(), 0.5f);
+      LinearForward(xa.data(), batch, in, out, wa.data(), ba.data(), DType::kF32, ys.data());
+      LinearBackward(xa.data(), dya.data(), batch, in, out, wa.data(), DType::kF32, dxs.data(), dws.data(),
+                     dbs.data(), true);
+
+      const float* xd = Upload(x);
+      const float* dyd = Upload(dy);
+      float* yd = Zeros(y.size());
+      float* y2d = Zeros(y.size());
+      float* dxd = Zeros(dx.size());
+      float* dwd = Upload(std::vector<float>(dw.size(), 0.5f));
+      float* dbd = Upload(std::vector<float>(db.size(), 0.5f));
+      ASSERT_TRUE(cuda::LinearForward(nullptr, xd, batch, in, out, w_dev, b_dev, dtype, yd).ok()) << name;
+      ASSERT_TRUE(cuda::LinearForward(nullptr, xd, batch, in, out, w_dev, b_dev, dtype, y2d).ok()) << name;
+      ASSERT_TRUE(
+          cuda::LinearBackward(nullptr, xd, dyd, batch, in, out, w_dev, dtype, dxd, dwd, dbd, true).ok())
+          << name;
+      const double u = TensorCoreUnit(dtype);
+      auto factor = [u](int64_t k) {
+        return 2 * u + u * u + static_cast<double>(k + 2) * std::ldexp(1.0, -23);
+      };
+      auto slack = [dtype](int64_t k) {
+        return dtype == DType::kFp16 ? static_cast<double>(k) * std::ldexp(1.0, -24) : 0.0;
+      };
+      const std::vector<float> y_gpu = Download(yd, y.size());
+      ExpectWithinBound(y_gpu, y, ys, factor(in), slack(in), name + " y");
+      ExpectWithinBound(Download(dxd, dx.size()), dx, dxs, factor(out), slack(out), name + " dx");
+      ExpectWithinBound(Download(dwd, dw.size()), dw, dws, factor(batch), slack(batch), name + " dw");
+      ExpectClose(Download(dbd, db.size()), db, 1e-5, "db");  // no product: fp32 sums on both
+      // cuBLAS picks the same kernel for the same call: the same bits again.
+      const std::vector<float> y_again = Download(y2d, y.size());
+      EXPECT_EQ(std::memcmp(y_gpu.data(), y_again.data(), y.size() * sizeof(float)), 0) << name << " repeat";
+    }
+  }
+  UseTensorCores(false);
 }
 
 TEST_F(MlpGpuTest, GeluAndLossMatchCpu) {

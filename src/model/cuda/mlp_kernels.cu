@@ -1,5 +1,6 @@
-// CUDA kernels of the MLP: a tiled shared-memory GEMM (with strides, so no transposes),
-// GELU (tanh approximation, as on the CPU), losses. Every CUDA call is checked.
+// CUDA kernels of the MLP: the Linear layers' matrix products on cuBLAS (matmul.h) with
+// their bias kernels, GELU (tanh approximation, as on the CPU), losses. Every CUDA call is
+// checked.
 // nvcc (13.0) reports warning 2810 for assigning to a [[nodiscard]] class type (as in
 // status.h's Result); that is not a discarded value, so the diagnostic is suppressed.
 #pragma nv_diag_suppress 2810
@@ -10,6 +11,7 @@
 
 #include <string>
 
+#include "model/cuda/matmul.h"
 #include "strata/mlp_cuda.h"
 
 namespace strata::model::cuda {
@@ -38,45 +40,14 @@ __device__ __forceinline__ float ToF(float v) { return v; }
 __device__ __forceinline__ float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float ToF(__half v) { return __half2float(v); }
 
-constexpr int kTile = 16;
-
-// C[i, j] = (accumulate ? C : 0) + sum_{p ascending} A(i, p) B(p, j) (+ bias[j]), where
-// A(i, p) = a[i * sam + p * sak] and B(p, j) = b[p * sbk + j * sbn]. One thread per element
-// of C, so each element's sum order is fixed.
-template <typename TA, typename TB>
-__global__ void GemmKernel(int64_t m, int64_t n, int64_t k, const TA* a, int64_t sam, int64_t sak,
-                           const TB* b, int64_t sbk, int64_t sbn, const TB* bias, float* c, int64_t ldc,
-                           bool accumulate) {
-  __shared__ float as[kTile][kTile + 1];
-  __shared__ float bs[kTile][kTile + 1];
-  const int64_t i = static_cast<int64_t>(blockIdx.y) * kTile + threadIdx.y;
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * kTile + threadIdx.x;
-  float acc = 0.0f;
-  if (accumulate && i < m && j < n) acc = c[i * ldc + j];
-  for (int64_t p0 = 0; p0 < k; p0 += kTile) {
-    const int64_t pa = p0 + threadIdx.x, pb = p0 + threadIdx.y;
-    as[threadIdx.y][threadIdx.x] = (i < m && pa < k) ? ToF(a[i * sam + pa * sak]) : 0.0f;
-    const int64_t jb = static_cast<int64_t>(blockIdx.x) * kTile + threadIdx.x;
-    bs[threadIdx.y][threadIdx.x] = (pb < k && jb < n) ? ToF(b[pb * sbk + jb * sbn]) : 0.0f;
-    __syncthreads();
-    const int steps = k - p0 < kTile ? static_cast<int>(k - p0) : kTile;
-    for (int p = 0; p < steps; ++p) acc = fmaf(as[threadIdx.y][p], bs[p][threadIdx.x], acc);
-    __syncthreads();
+// y[b, o] += bias[o]: after the product, as the CPU kernel adds it (sum first, then bias).
+template <typename T>
+__global__ void BiasAddKernel(const T* bias, int64_t batch, int64_t out, float* y) {
+  const int64_t n = batch * out;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] += ToF(bias[i % out]);
   }
-  if (i < m && j < n) c[i * ldc + j] = bias != nullptr ? acc + ToF(bias[j]) : acc;
-}
-
-template <typename TA, typename TB>
-Status Gemm(cudaStream_t stream, int64_t m, int64_t n, int64_t k, const TA* a, int64_t sam, int64_t sak,
-            const TB* b, int64_t sbk, int64_t sbn, const TB* bias, float* c, int64_t ldc, bool accumulate) {
-  if (m <= 0 || n <= 0) return OkStatus();
-  const dim3 block(kTile, kTile);
-  const int64_t gx = (n + kTile - 1) / kTile, gy = (m + kTile - 1) / kTile;
-  if (gy > 65535)
-    return InvalidArgumentError("model CUDA: GEMM with too many rows (" + std::to_string(m) + ")");
-  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
-  GemmKernel<TA, TB><<<grid, block, 0, stream>>>(m, n, k, a, sam, sak, b, sbk, sbn, bias, c, ldc, accumulate);
-  return LaunchStatus("GEMM launch");
 }
 
 __global__ void BiasGradKernel(const float* dy, int64_t batch, int64_t out, float* db, bool accumulate) {
@@ -141,25 +112,31 @@ __global__ void LossKernel(bool mse, const float* y, const float* targets, const
   sample_loss[b] = static_cast<float>(loss);
 }
 
-// dx [batch, in] = dy [batch, out] W [out, in].
-Status InputGrad(cudaStream_t s, const float* dy, int64_t batch, int64_t in, int64_t out, const void* weight,
-                 DType dtype, float* dx) {
-  switch (dtype) {
-    case DType::kF32:
-      return Gemm<float, float>(s, batch, in, out, dy, out, 1, static_cast<const float*>(weight), in, 1,
-                                nullptr, dx, in, false);
-    case DType::kBf16:
-      return Gemm<float, __nv_bfloat16>(s, batch, in, out, dy, out, 1,
-                                        static_cast<const __nv_bfloat16*>(weight), in, 1, nullptr, dx, in,
-                                        false);
-    case DType::kFp16:
-      return Gemm<float, __half>(s, batch, in, out, dy, out, 1, static_cast<const __half*>(weight), in, 1,
-                                 nullptr, dx, in, false);
-  }
-  return InvalidArgumentError("model CUDA: unknown dtype");
+unsigned Blocks(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+
+// A grid-stride launch over n elements: at most 8192 blocks of 256.
+unsigned StrideBlocks(int64_t n) {
+  const int64_t b = (n + 255) / 256;
+  return static_cast<unsigned>(b < 1 ? 1 : (b < 8192 ? b : 8192));
 }
 
-unsigned Blocks(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+Status AddBias(cudaStream_t s, const void* bias, DType dtype, int64_t batch, int64_t out, float* y) {
+  if (batch <= 0 || out <= 0) return OkStatus();
+  switch (dtype) {
+    case DType::kF32:
+      BiasAddKernel<<<StrideBlocks(batch * out), 256, 0, s>>>(static_cast<const float*>(bias), batch, out, y);
+      break;
+    case DType::kBf16:
+      BiasAddKernel<<<StrideBlocks(batch * out), 256, 0, s>>>(static_cast<const __nv_bfloat16*>(bias), batch,
+                                                              out, y);
+      break;
+    case DType::kFp16:
+      BiasAddKernel<<<StrideBlocks(batch * out), 256, 0, s>>>(static_cast<const __half*>(bias), batch, out,
+                                                              y);
+      break;
+  }
+  return LaunchStatus("bias launch");
+}
 
 }  // namespace
 
@@ -176,29 +153,23 @@ Status DeviceAvailable() {
 
 Status LinearForward(void* stream, const float* x, int64_t batch, int64_t in, int64_t out, const void* weight,
                      const void* bias, DType dtype, float* y) {
-  // B(p = i, j = o) = W[o, i]: strides (1, in).
-  switch (dtype) {
-    case DType::kF32:
-      return Gemm(AsStream(stream), batch, out, in, x, in, 1, static_cast<const float*>(weight), 1, in,
-                  static_cast<const float*>(bias), y, out, false);
-    case DType::kBf16:
-      return Gemm(AsStream(stream), batch, out, in, x, in, 1, static_cast<const __nv_bfloat16*>(weight), 1,
-                  in, static_cast<const __nv_bfloat16*>(bias), y, out, false);
-    case DType::kFp16:
-      return Gemm(AsStream(stream), batch, out, in, x, in, 1, static_cast<const __half*>(weight), 1, in,
-                  static_cast<const __half*>(bias), y, out, false);
+  if (dtype != DType::kF32 && dtype != DType::kBf16 && dtype != DType::kFp16) {
+    return InvalidArgumentError("model CUDA: unknown dtype");
   }
-  return InvalidArgumentError("model CUDA: unknown dtype");
+  STRATA_RETURN_IF_ERROR(MatmulForward(stream, x, batch, in, out, weight, dtype, y));
+  return AddBias(AsStream(stream), bias, dtype, batch, out, y);
 }
 
 Status LinearBackward(void* stream, const float* x, const float* dy, int64_t batch, int64_t in, int64_t out,
                       const void* weight, DType dtype, float* dx, float* dweight, float* dbias,
                       bool accumulate) {
+  if (dtype != DType::kF32 && dtype != DType::kBf16 && dtype != DType::kFp16) {
+    return InvalidArgumentError("model CUDA: unknown dtype");
+  }
   cudaStream_t s = AsStream(stream);
-  if (dx != nullptr) STRATA_RETURN_IF_ERROR(InputGrad(s, dy, batch, in, out, weight, dtype, dx));
-  // dW [out, in] = dy^T x: A(i = o, p = b) = dy[b * out + o].
-  Status st = Gemm<float, float>(s, out, in, batch, dy, 1, out, x, in, 1, nullptr, dweight, in, accumulate);
-  STRATA_RETURN_IF_ERROR(st);
+  STRATA_RETURN_IF_ERROR(
+      MatmulBackward(stream, x, dy, batch, in, out, weight, dtype, dx, dweight, accumulate));
+  if (out <= 0) return OkStatus();
   BiasGradKernel<<<Blocks(out, 256), 256, 0, s>>>(dy, batch, out, dbias, accumulate);
   return LaunchStatus("bias gradient launch");
 }

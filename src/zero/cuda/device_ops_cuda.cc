@@ -7,11 +7,18 @@
 // runs on the communicator's own stream) and the host by host-side order; making each
 // call complete keeps that order valid without events between streams. The cost is a
 // host round trip per call (a few microseconds), small beside chunk-sized work.
+//
+// Gradient statistics use scratch the ops object keeps per lane (device partial sums,
+// a pinned 16-byte result), grown when a call has more shards, so a call allocates
+// nothing; their reduction is deterministic (device_ops_kernels.h).
 #include <cuda_runtime.h>
 
 #include <array>
+#include <mutex>
 #include <string>
+#include <vector>
 
+#include "strata/log.h"
 #include "zero/cuda/device_ops_kernels.h"
 #include "zero/device_ops.h"
 
@@ -26,9 +33,43 @@ Status CudaStatus(cudaError_t err, const std::string& what) {
   return InternalError(msg);
 }
 
+// The statistics' result as the kernels write it (device_ops_kernels.cu's Partial).
+struct StatsResult {
+  double sum_sq;
+  int flag;
+};
+
+// One lane's gradient-statistics scratch. The mutex spans enqueue to read-back: two
+// threads on one lane share the stream and these buffers.
+struct StatsScratch {
+  std::mutex mu;
+  void* partials = nullptr;  // device, `bytes` long
+  size_t bytes = 0;
+  void* result = nullptr;       // device, one StatsResult
+  StatsResult* host = nullptr;  // pinned
+};
+
 class CudaDeviceOps final : public DeviceOps {
  public:
   CudaDeviceOps(Device& device, StreamId compute_stream) : device_(device), compute_stream_(compute_stream) {}
+  ~CudaDeviceOps() override {
+    // The device outlives this object; the scratch goes back once the lanes are idle (a
+    // failure is only worth a line in the log: there is no caller to tell).
+    for (StreamId lane : lanes_) {
+      if (!lane.valid()) continue;
+      if (Status st = device_.Synchronize(lane); !st.ok()) {
+        STRATA_LOG(kWarn, "engine") << "device ops teardown: " << st.ToString();
+      }
+    }
+    for (StatsScratch& s : stats_) {
+      if (s.partials != nullptr) device_.Free(s.partials);
+      if (s.result != nullptr) device_.Free(s.result);
+      if (s.host != nullptr) {
+        const cudaError_t err = cudaFreeHost(s.host);
+        if (err != cudaSuccess) STRATA_LOG(kWarn, "engine") << "cudaFreeHost: " << cudaGetErrorString(err);
+      }
+    }
+  }
 
   Status Init() {
     static constexpr const char* kNames[] = {"engine-ops-training", "engine-ops-reduce",
@@ -85,9 +126,31 @@ class CudaDeviceOps final : public DeviceOps {
     return Sync(lane);
   }
   Result<GradStats> ComputeStats(OpsLane lane, std::span<const GradShard> shards, tbb::task_arena*) override {
+    std::vector<cuda::StatsShard> list;
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const GradShard& s = shards[i];
+      if (s.n == 0) continue;
+      if (s.grad.data == nullptr) {
+        return InvalidArgumentError("engine CUDA: grad stats shard " + std::to_string(i) +
+                                    " has a null pointer");
+      }
+      list.push_back({s.grad.data, s.n, static_cast<int>(s.grad.type)});
+    }
+    GradStats out;
+    if (list.empty()) return out;
     STRATA_RETURN_IF_ERROR(SetDevice());
-    // Synchronizes the stream itself before it returns the result.
-    return ComputeGradStatsCuda(shards, Native(lane));
+    StatsScratch& sc = stats_[static_cast<size_t>(lane)];
+    std::lock_guard<std::mutex> lock(sc.mu);
+    STRATA_RETURN_IF_ERROR(GrowStatsScratch(sc, list.size()));
+    const int err = cuda::LaunchGradStats(list.data(), list.size(), sc.partials, sc.result, Native(lane));
+    STRATA_RETURN_IF_ERROR(CudaStatus(static_cast<cudaError_t>(err), "grad stats kernels"));
+    STRATA_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(sc.host, sc.result, sizeof(StatsResult), cudaMemcpyDeviceToHost, Native(lane)),
+        "cudaMemcpyAsync (grad stats result)"));
+    STRATA_RETURN_IF_ERROR(Sync(lane));
+    out.sum_sq = sc.host->sum_sq;
+    out.has_inf_nan = sc.host->flag != 0;
+    return out;
   }
   Status Adam(OpsLane lane, const AdamParams& params, float* state, int64_t n, const float* grad,
               DType compute, void* out) override {
@@ -114,13 +177,41 @@ class CudaDeviceOps final : public DeviceOps {
   cudaStream_t Native(OpsLane lane) const {
     return static_cast<cudaStream_t>(device_.NativeStream(Stream(lane)));
   }
-  Status SetDevice() const { return CudaStatus(cudaSetDevice(index_), "cudaSetDevice"); }
+  // Makes the engine's GPU current for this thread: launches go to the current device.
+  // Asking first is cheaper than setting it on every call.
+  Status SetDevice() const {
+    int current = -1;
+    STRATA_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&current), "cudaGetDevice"));
+    if (current == index_) return OkStatus();
+    return CudaStatus(cudaSetDevice(index_), "cudaSetDevice");
+  }
+  // Room for `count` shards' partial sums (the lane's stream is idle: each call syncs).
+  Status GrowStatsScratch(StatsScratch& sc, size_t count) {
+    if (sc.host == nullptr) {
+      void* host = nullptr;
+      STRATA_RETURN_IF_ERROR(
+          CudaStatus(cudaMallocHost(&host, sizeof(StatsResult)), "cudaMallocHost (grad stats)"));
+      sc.host = static_cast<StatsResult*>(host);
+    }
+    if (sc.result == nullptr) {
+      STRATA_ASSIGN_OR_RETURN(sc.result, device_.Allocate(sizeof(StatsResult)));
+    }
+    const size_t need = cuda::GradStatsScratchBytes(count);
+    if (need <= sc.bytes) return OkStatus();
+    if (sc.partials != nullptr) device_.Free(sc.partials);
+    sc.partials = nullptr;
+    sc.bytes = 0;
+    STRATA_ASSIGN_OR_RETURN(sc.partials, device_.Allocate(need));
+    sc.bytes = need;
+    return OkStatus();
+  }
   // Waits for the lane's work; returns the first failure (CUDA's or a host function's).
   Status Sync(OpsLane lane) { return device_.Synchronize(Stream(lane)); }
 
   Device& device_;
   StreamId compute_stream_;
   std::array<StreamId, 3> lanes_;
+  std::array<StatsScratch, 3> stats_;
   void* model_stream_ = nullptr;
   int index_ = 0;
 };

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace strata::zero::cuda {
 
@@ -11,5 +12,21 @@ namespace strata::zero::cuda {
 int LaunchAccumulate(float* dst, const float* src, size_t n, void* stream);
 // x[i] = float(half(x[i])), round to nearest even (as FloatToFp16 in half.h).
 int LaunchRoundThroughFp16(float* x, size_t n, void* stream);
+
+// One shard of a gradient-statistics pass: `n` elements of type 0 (fp32), 1 (bf16) or
+// 2 (fp16) at `data` (device memory).
+struct StatsShard {
+  const void* data;
+  uint64_t n;
+  int type;
+};
+// Device scratch the pass needs for `count` shards (bytes; 256-byte multiple).
+size_t GradStatsScratchBytes(size_t count);
+// Enqueues the pass over `count` shards (count > 0, every n > 0): the sum of squares (in
+// double) and whether any element is inf/NaN, written to `result` as {double sum_sq;
+// int flag} (16 bytes of device memory). Deterministic: every element goes to a fixed
+// thread and every partial sum is added in a fixed order, so the same shards give the
+// same bits on every run (no atomics). Returns the first launch's cudaError_t.
+int LaunchGradStats(const StatsShard* shards, size_t count, void* scratch, void* result, void* stream);
 
 }  // namespace strata::zero::cuda
