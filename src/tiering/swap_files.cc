@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <filesystem>
 #include <map>
-#include <regex>
 
 #include "strata/units.h"
 
@@ -35,18 +34,39 @@ uint64_t AllocatedBytes(const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+// Splits "strata-optim-r1.swap" into stem "strata-optim", rank 1 and "swap"; false for
+// any other name.
+bool ParseSwapName(const std::string& name, std::string* stem, int* rank, bool* swap) {
+  const size_t dot = name.rfind('.');
+  if (name.rfind("strata-", 0) != 0 || dot == std::string::npos) return false;
+  const std::string ext = name.substr(dot + 1);
+  if (ext != "swap" && ext != "lock") return false;
+  const size_t r = name.rfind("-r", dot);
+  if (r == std::string::npos || r + 2 >= dot || r < 7) return false;
+  const std::string digits = name.substr(r + 2, dot - r - 2);
+  if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return false;
+  *stem = name.substr(0, r);
+  *rank = std::stoi(digits);
+  *swap = ext == "swap";
+  return true;
+}
+
+}  // namespace
+
 std::vector<SwapFileInfo> ListSwapFiles(const std::string& dir) {
-  static const std::regex kName(R"((strata-[a-z0-9-]+)-r([0-9]+)\.(swap|lock))");
   std::map<std::string, SwapFileInfo> by_store;  // "<stem>-r<rank>"
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    std::smatch m;
-    if (!std::regex_match(name, m, kName)) continue;
-    SwapFileInfo& f = by_store[m[1].str() + "-r" + m[2].str()];
-    f.stem = m[1].str();
-    f.rank = std::stoi(m[2].str());
-    (m[3] == "swap" ? f.swap_path : f.lock_path) = e.path().string();
+    std::string stem;
+    int rank = 0;
+    bool swap = false;
+    if (!ParseSwapName(e.path().filename().string(), &stem, &rank, &swap)) continue;
+    SwapFileInfo& f = by_store[stem + "-r" + std::to_string(rank)];
+    f.stem = stem;
+    f.rank = rank;
+    (swap ? f.swap_path : f.lock_path) = e.path().string();
   }
   std::vector<SwapFileInfo> out;
   for (auto& [key, f] : by_store) {
