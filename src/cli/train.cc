@@ -14,7 +14,7 @@
 #include "cli/train_job.h"
 #include "strata/comm.h"
 #include "strata/units.h"
-#include "zero/step_bench.h"
+#include "tools/step_bench.h"
 
 namespace strata::cli {
 namespace {
@@ -236,7 +236,7 @@ void RunTrain(const TrainFlags& f) {
 void RunBench(const TrainFlags& f) {
   std::map<std::string, std::string> origin;
   Prepared p = Prepare(f, &origin);
-  zero::StepBenchOptions o;
+  tools::StepBenchOptions o;
   o.config = p.config;
   o.spec.model = p.model;
   o.spec.data.seed = p.config.seed + 1;
@@ -247,14 +247,14 @@ void RunBench(const TrainFlags& f) {
   std::string text;
   Result<nlohmann::json> report = nlohmann::json();
   if (f.repeat <= 1) {
-    report = zero::RunStepBench(*p.world, o, &text);
+    report = tools::RunStepBench(*p.world, o, &text);
   } else {
     std::vector<nlohmann::json> rounds;
     for (int i = 0; i < f.repeat && report.ok(); ++i) {
-      report = zero::RunStepBench(*p.world, o, nullptr);
+      report = tools::RunStepBench(*p.world, o, nullptr);
       if (report.ok()) rounds.push_back(*report);
     }
-    if (report.ok()) report = zero::SummarizeRounds(rounds, &text);
+    if (report.ok()) report = tools::SummarizeRounds(rounds, &text);
   }
   ThrowIfError(report.status());
   if (p.world->rank() == 0) {

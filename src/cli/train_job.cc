@@ -11,7 +11,7 @@
 #include "cli/commands.h"
 #include "strata/swap_files.h"
 #include "strata/units.h"
-#include "zero/mlp_engine.h"
+#include "tools/mlp_engine.h"
 #include "zero/trainer.h"
 
 namespace strata::cli {
@@ -177,7 +177,7 @@ int RunTrainJob(Communicator& world, const TrainJob& job, InterruptGuard& guard)
   ThrowIfError(pids.status());
   guard.SetPeers(std::move(*pids));
   SweepStaleSwapFiles(dirs, world.size(), world.rank());
-  auto setup = zero::CreateMlpEngine(world, job.config, job.model, nullptr);
+  auto setup = tools::CreateMlpEngine(world, job.config, job.model, nullptr);
   if (!setup.ok() && guard.signal()) {
     int code = 0;
     std::fprintf(stderr, "%s\n", guard.FinishUnwind(&code).c_str());

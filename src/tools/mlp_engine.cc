@@ -1,6 +1,6 @@
-#include "zero/mlp_engine.h"
+#include "tools/mlp_engine.h"
 
-namespace strata::zero {
+namespace strata::tools {
 
 Result<MlpEngine> CreateMlpEngine(Communicator& world, const Config& config, const model::MlpSpec& model,
                                   Timeline* timeline) {
@@ -30,4 +30,4 @@ Result<MlpEngine> CreateMlpEngine(Communicator& world, const Config& config, con
   return e;
 }
 
-}  // namespace strata::zero
+}  // namespace strata::tools

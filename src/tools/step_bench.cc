@@ -1,4 +1,4 @@
-#include "zero/step_bench.h"
+#include "tools/step_bench.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -10,9 +10,9 @@
 #include "strata/engine.h"
 #include "strata/timeline.h"
 #include "strata/units.h"
-#include "zero/mlp_engine.h"
+#include "tools/mlp_engine.h"
 
-namespace strata::zero {
+namespace strata::tools {
 namespace {
 
 std::string Fmt(const char* f, double v) {
@@ -348,4 +348,4 @@ nlohmann::json SummarizeRounds(const std::vector<nlohmann::json>& rounds, std::s
   return {{"rounds", rounds}, {"median", med}, {"invalid_bound_rounds", invalid}};
 }
 
-}  // namespace strata::zero
+}  // namespace strata::tools

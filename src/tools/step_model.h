@@ -16,7 +16,7 @@
 
 #include "strata/status.h"
 
-namespace strata::zero {
+namespace strata::tools {
 
 struct LaneRates {
   double adam_params_per_s = 0;  // CPU Adam, fp32 grads with the 16-bit copy
@@ -64,4 +64,4 @@ struct StepModel {
 StepModel ModelStep(const LaneRates& rates, const LaneWork& work, bool shared_cpu);
 nlohmann::json ToJson(const StepModel& m);
 
-}  // namespace strata::zero
+}  // namespace strata::tools

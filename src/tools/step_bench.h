@@ -10,10 +10,15 @@
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/disk_stats.h"
-#include "zero/step_model.h"
+#include "tools/step_model.h"
 #include "zero/trainer.h"
 
-namespace strata::zero {
+namespace strata::tools {
+
+using zero::StepTiming;
+using zero::TrainLog;
+using zero::TrainSpec;
+using zero::TrainWithEngine;
 
 struct StepBenchOptions {
   Config config;
@@ -55,4 +60,4 @@ std::string FormatDiskLine(const std::string& name, const DiskActivity& d, int s
 // "median": {...}, "invalid_bound_rounds": n}; `text` receives a one-line-per-round table.
 nlohmann::json SummarizeRounds(const std::vector<nlohmann::json>& rounds, std::string* text);
 
-}  // namespace strata::zero
+}  // namespace strata::tools

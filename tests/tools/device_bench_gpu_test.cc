@@ -22,13 +22,13 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "single_world.h"
+#include "zero/single_world.h"
 #include "strata/adam.h"
 #include "strata/device.h"
 #include "strata/mlp_cuda.h"
 #include "strata/mlp_kernels.h"
 #include "strata/model.h"
-#include "zero/step_bench.h"
+#include "tools/step_bench.h"
 #if STRATA_HAVE_CUDA
 #include "model/cuda/matmul.h"
 #endif
@@ -217,7 +217,7 @@ Result<json> StepRun(const json& zero_block, const model::MlpSpec& spec, int64_t
   j["strata"]["device"] = "cuda";
   j["strata"]["chunk_size"] = "64MiB";
   STRATA_ASSIGN_OR_RETURN(Config config, ParseConfig(j));
-  zero::StepBenchOptions o;
+  tools::StepBenchOptions o;
   o.config = config;
   o.spec.model = spec;
   o.spec.data.seed = config.seed + 1;
@@ -225,7 +225,7 @@ Result<json> StepRun(const json& zero_block, const model::MlpSpec& spec, int64_t
   o.spec.micro_batch = micro_batch;
   o.compare_serial = false;
   o.measure_rates = false;
-  return zero::RunStepBench(World(), o, nullptr);
+  return tools::RunStepBench(World(), o, nullptr);
 }
 
 TEST_F(DeviceBench, DISABLED_MlpStepBesideGemmPeak) {

@@ -1,4 +1,4 @@
-#include "zero/step_model.h"
+#include "tools/step_model.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 #include "strata/io.h"
 #include "strata/units.h"
 
-namespace strata::zero {
+namespace strata::tools {
 namespace {
 
 double Since(std::chrono::steady_clock::time_point t0) {
@@ -169,4 +169,4 @@ nlohmann::json ToJson(const StepModel& m) {
           {"bound_mixed_s", m.bound_mixed_s}};
 }
 
-}  // namespace strata::zero
+}  // namespace strata::tools

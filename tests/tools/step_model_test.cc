@@ -3,9 +3,9 @@
 
 #include <filesystem>
 
-#include "zero/step_model.h"
+#include "tools/step_model.h"
 
-namespace strata::zero {
+namespace strata::tools {
 namespace {
 
 LaneRates Rates() {
@@ -85,4 +85,4 @@ TEST(StepModel, ProbeMeasuresEveryDiskRateOnARealFile) {
 }
 
 }  // namespace
-}  // namespace strata::zero
+}  // namespace strata::tools

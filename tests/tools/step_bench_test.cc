@@ -1,13 +1,13 @@
 // The medians of `strata bench step --repeat`, on reports with chosen figures.
-#include "zero/step_bench.h"
+#include "tools/step_bench.h"
 
 #include <gtest/gtest.h>
 
-#include "engine_harness.h"
-#include "single_world.h"
+#include "zero/engine_harness.h"
+#include "zero/single_world.h"
 #include "strata/disk_stats.h"
 
-namespace strata::zero {
+namespace strata::tools {
 namespace {
 
 nlohmann::json Round(double step_s, double efficiency, double speedup, bool bound_valid = true) {
@@ -144,4 +144,4 @@ TEST(StepBenchRun, ReportsItsSwapDisk) {
 }
 
 }  // namespace
-}  // namespace strata::zero
+}  // namespace strata::tools

@@ -10,7 +10,7 @@
 #include "strata/engine.h"
 #include "strata/model.h"
 
-namespace strata::zero {
+namespace strata::tools {
 
 // Members in destruction order: the engine goes first, then what it borrowed.
 struct MlpEngine {
@@ -25,4 +25,4 @@ struct MlpEngine {
 Result<MlpEngine> CreateMlpEngine(Communicator& world, const Config& config, const model::MlpSpec& model,
                                   Timeline* timeline);
 
-}  // namespace strata::zero
+}  // namespace strata::tools
