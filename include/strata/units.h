@@ -27,6 +27,8 @@ std::string FormatBytes(uint64_t bytes);
 std::string FormatRate(double bytes_per_second);
 // "1.23 ms", "45.6 us", "2.00 s".
 std::string FormatSeconds(double seconds);
+// One double through a printf format with one conversion ("%.3f"): for report lines.
+std::string FormatDouble(const char* printf_format, double value);
 // "20.1M", "1.50G", "295" (decimal, as ParseCount reads them).
 std::string FormatCount(double n);
 

@@ -17,12 +17,6 @@
 namespace strata::cli {
 namespace {
 
-std::string Printf(const char* fmt, double v) {
-  char b[64];
-  std::snprintf(b, sizeof(b), fmt, v);
-  return b;
-}
-
 // The swap directories of every store the engine may open (optimizer, gradients,
 // parameters), without repeats.
 std::vector<std::string> SwapDirs(const Config& c) {
@@ -76,7 +70,7 @@ void PrintSummary(const TrainJob& job, const EngineLayoutInfo& l, int world_size
   std::printf("  optimizer: %s, lr %g, weight decay %g; gradient clipping: %s\n",
               c.optimizer.type == OptimizerType::kAdamW ? "AdamW" : "Adam", c.optimizer.lr,
               c.optimizer.weight_decay,
-              c.gradient_clipping > 0 ? Printf("max norm %g", c.gradient_clipping).c_str() : "off");
+              c.gradient_clipping > 0 ? FormatDouble("max norm %g", c.gradient_clipping).c_str() : "off");
   std::printf("  memory needed per rank, and the budget it must fit:\n");
   std::printf("    device %s\n", Budget(job, "device_budget", c.strata.device_budget, l.device_need).c_str());
   std::printf("    host   %s\n", Budget(job, "host_budget", c.strata.host_budget, l.host_need).c_str());
@@ -96,11 +90,11 @@ class Progress {
     if (i > 0 || job_.steps == 1) sum_s_ += t, timed_ += 1;
     const double mean = timed_ ? sum_s_ / timed_ : t;
     const int left = job_.steps - static_cast<int>(i) - 1;
-    std::string line = Printf("step %5.0f", static_cast<double>(i + 1)) + "/" + std::to_string(job_.steps) +
-                       Printf("  loss %.6f", log.losses[i]) + Printf("  lr %.3g", job_.config.optimizer.lr);
-    if (job_.config.fp16.enabled) line += Printf("  loss scale %g", log.loss_scales[i]);
+    std::string line = FormatDouble("step %5.0f", static_cast<double>(i + 1)) + "/" + std::to_string(job_.steps) +
+                       FormatDouble("  loss %.6f", log.losses[i]) + FormatDouble("  lr %.3g", job_.config.optimizer.lr);
+    if (job_.config.fp16.enabled) line += FormatDouble("  loss scale %g", log.loss_scales[i]);
     line +=
-        "  " + Printf("%.1f", job_.config.train_batch_size / t) + " samples/s  " + FormatSeconds(t) + "/step";
+        "  " + FormatDouble("%.1f", job_.config.train_batch_size / t) + " samples/s  " + FormatSeconds(t) + "/step";
     line += left > 0 ? "  ETA " + FormatSeconds(left * mean) : "";
     if (log.skipped[i]) line += "  (skipped: fp16 overflow)";
     std::printf("%s\n", line.c_str());

@@ -124,6 +124,12 @@ std::string FormatSeconds(double s) {
   return buf;
 }
 
+std::string FormatDouble(const char* printf_format, double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), printf_format, value);
+  return buf;
+}
+
 std::string FormatCount(double n) {
   char buf[64];
   if (n >= 1e12) std::snprintf(buf, sizeof(buf), "%.2fT", n / 1e12);

@@ -15,12 +15,6 @@
 namespace strata::tools {
 namespace {
 
-std::string Fmt(const char* f, double v) {
-  char b[64];
-  std::snprintf(b, sizeof(b), f, v);
-  return b;
-}
-
 // The first directory the engine swaps to (the optimizer's store first), or "" without NVMe.
 std::string SwapDir(const Config& c) {
   for (const OffloadConfig* o : {&c.zero.offload_optimizer, &c.zero.offload_param}) {
@@ -240,7 +234,7 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
   if (o.measure_rates) {
     out += "  model: bound " + FormatSeconds(model.bound_s) + " (cpu lanes " + FormatSeconds(model.cpu_s) +
            ", nvme " + FormatSeconds(model.nvme_s) + "), serial " + FormatSeconds(model.serial_s) +
-           ", overlap efficiency (bound / measured) " + Fmt("%.2f", model.bound_s / main.step_s) + "\n";
+           ", overlap efficiency (bound / measured) " + FormatDouble("%.2f", model.bound_s / main.step_s) + "\n";
     if (model.bound_s > main.step_s) {
       out += model.nvme_s >= model.cpu_s
                  ? "  the step beat the bound: the disk ran slower in the probes than in the step (a slow "
@@ -250,8 +244,8 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
     }
     if (model.bound_mixed_s > 0) {
       out += "  with the disk's reads and writes timed together at its mixed rate (" +
-             Fmt("%.2f", rates.nvme_mixed_bytes_per_s / 1e9) + " GB/s): bound " + FormatSeconds(model.bound_mixed_s) +
-             ", efficiency " + Fmt("%.2f", model.bound_mixed_s / main.step_s) +
+             FormatDouble("%.2f", rates.nvme_mixed_bytes_per_s / 1e9) + " GB/s): bound " + FormatSeconds(model.bound_mixed_s) +
+             ", efficiency " + FormatDouble("%.2f", model.bound_mixed_s / main.step_s) +
              (model.bound_mixed_s > main.step_s ? " (not valid: the step beat this bound)" : "") + "\n";
     }
   }
@@ -263,15 +257,15 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
   if (off) {
     const double speedup = off->step_s / main.step_s;
     j["speedup"] = speedup;
-    out += "  overlap off: step " + FormatSeconds(off->step_s) + "; speedup " + Fmt("%.2f", speedup) + "x";
+    out += "  overlap off: step " + FormatSeconds(off->step_s) + "; speedup " + FormatDouble("%.2f", speedup) + "x";
     if (o.measure_rates && model.bound_s > 0) {
       const double predicted = model.serial_s / model.bound_s;
       j["predicted_speedup"] = predicted;
       j["speedup_fraction_of_predicted"] = speedup / predicted;
-      out += " (model predicts " + Fmt("%.2f", predicted) + "x: " + Fmt("%.0f%%", 100 * speedup / predicted) +
+      out += " (model predicts " + FormatDouble("%.2f", predicted) + "x: " + FormatDouble("%.0f%%", 100 * speedup / predicted) +
              " of it)";
     }
-    if (!off->disk_name.empty()) out += "; disk busy " + Fmt("%.0f%%", 100 * off->disk.busy_fraction);
+    if (!off->disk_name.empty()) out += "; disk busy " + FormatDouble("%.0f%%", 100 * off->disk.busy_fraction);
     out += "\n";
   }
   if (text) *text = out;
@@ -282,11 +276,11 @@ std::string FormatDiskLine(const std::string& name, const DiskActivity& d, int s
   const uint64_t n = std::max(steps, 1);
   // Values start in the report's column 23; a longer name pushes them on by one space.
   const size_t pad = name.size() < 16 ? 16 - name.size() : 1;
-  std::string out = "  disk " + name + std::string(pad, ' ') + "busy " + Fmt("%.0f%%", 100 * d.busy_fraction) +
-                    " of the measured steps, " + Fmt("%.1f", d.mean_in_flight) + " requests in flight on average, " +
-                    Fmt("%.2f", d.bytes_per_s() / 1e9) + " GB/s (" + FormatBytes(d.read_bytes / n) + " read, " +
+  std::string out = "  disk " + name + std::string(pad, ' ') + "busy " + FormatDouble("%.0f%%", 100 * d.busy_fraction) +
+                    " of the measured steps, " + FormatDouble("%.1f", d.mean_in_flight) + " requests in flight on average, " +
+                    FormatDouble("%.2f", d.bytes_per_s() / 1e9) + " GB/s (" + FormatBytes(d.read_bytes / n) + " read, " +
                     FormatBytes(d.write_bytes / n) + " written per step, by every process)";
-  if (mixed_rate > 0) out += "; " + Fmt("%.2f", d.bytes_per_s() / mixed_rate) + " of the probe's mixed rate";
+  if (mixed_rate > 0) out += "; " + FormatDouble("%.2f", d.bytes_per_s() / mixed_rate) + " of the probe's mixed rate";
   return out + "\n";
 }
 
@@ -315,7 +309,7 @@ nlohmann::json SummarizeRounds(const std::vector<nlohmann::json>& rounds, std::s
       const bool mixed = std::string(k) == "overlap_efficiency_mixed";
       if ((mixed ? mixed_valid : valid) && r.contains(k)) figures[k].push_back(r[k].get<double>());
     }
-    auto fig = [&](const char* k) { return r.contains(k) ? Fmt("%.2f", r[k].get<double>()) : std::string("-"); };
+    auto fig = [&](const char* k) { return r.contains(k) ? FormatDouble("%.2f", r[k].get<double>()) : std::string("-"); };
     char line[160];
     std::snprintf(line, sizeof(line), "%5zu  %-8s  %-10s  %-5s  %-7s  %s%s\n", i + 1,
                   FormatSeconds(r["run"]["step_s"].get<double>()).c_str(), fig("overlap_efficiency").c_str(),
@@ -330,16 +324,16 @@ nlohmann::json SummarizeRounds(const std::vector<nlohmann::json>& rounds, std::s
     if (!v.empty()) med[k] = median(v);
   }
   out += "median step " + FormatSeconds(med.value("step_s", 0.0));
-  if (med.contains("overlap_efficiency")) out += ", efficiency " + Fmt("%.2f", med["overlap_efficiency"].get<double>());
+  if (med.contains("overlap_efficiency")) out += ", efficiency " + FormatDouble("%.2f", med["overlap_efficiency"].get<double>());
   if (med.contains("overlap_efficiency_mixed")) {
-    out += " (mixed " + Fmt("%.2f", med["overlap_efficiency_mixed"].get<double>()) + ")";
+    out += " (mixed " + FormatDouble("%.2f", med["overlap_efficiency_mixed"].get<double>()) + ")";
   }
-  if (med.contains("speedup")) out += ", speedup " + Fmt("%.2f", med["speedup"].get<double>()) + "x";
+  if (med.contains("speedup")) out += ", speedup " + FormatDouble("%.2f", med["speedup"].get<double>()) + "x";
   if (med.contains("speedup_fraction_of_predicted")) {
-    out += " (" + Fmt("%.0f%%", 100 * med["speedup_fraction_of_predicted"].get<double>()) + " of predicted)";
+    out += " (" + FormatDouble("%.0f%%", 100 * med["speedup_fraction_of_predicted"].get<double>()) + " of predicted)";
   }
   if (med.contains("disk_busy_fraction")) {
-    out += ", disk busy " + Fmt("%.0f%%", 100 * med["disk_busy_fraction"].get<double>());
+    out += ", disk busy " + FormatDouble("%.0f%%", 100 * med["disk_busy_fraction"].get<double>());
   }
   out += " over " + std::to_string(rounds.size()) + " rounds";
   if (invalid) out += "; " + std::to_string(invalid) + " with a bound not valid left out of its figures";

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "cuda_device_test.h"
 #include "zero/single_world.h"
 #include "strata/adam.h"
 #include "strata/device.h"
@@ -59,48 +60,27 @@ double MedianSeconds(int reps, const std::function<void()>& run) {
   return t[t.size() / 2];
 }
 
-class DeviceBench : public ::testing::Test {
+class DeviceBench : public CudaDeviceTest {
  protected:
-  void SetUp() override {
-    const CudaProbe probe = ProbeCuda();
-    if (!probe.available) GTEST_SKIP() << "no usable GPU: " << probe.reason;
-    DeviceOptions o;
-    o.kind = DeviceKind::kCuda;
-    auto d = CreateDevice(o);
-    ASSERT_TRUE(d.ok()) << d.status().ToString();
-    device_ = std::move(*d);
-    auto s = device_->CreateStream("bench");
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
-    stream_ = *s;
-  }
-  void TearDown() override {
-    if (device_) {
-      EXPECT_TRUE(device_->SynchronizeAll().ok());
-      for (void* p : buffers_) device_->Free(p);
-    }
-  }
+  DeviceBench() : CudaDeviceTest("bench") {}
   // Zeroed device memory (the device API has no memset: copied from a zeroed host buffer).
   void* Zeroed(uint64_t bytes) {
-    auto p = device_->Allocate(bytes);
-    EXPECT_TRUE(p.ok()) << p.status().ToString();
-    if (!p.ok()) return nullptr;
-    buffers_.push_back(*p);
+    void* p = Allocate(bytes);
+    if (p == nullptr) return nullptr;
     const std::vector<char> zeros(std::min<uint64_t>(bytes, uint64_t{256} << 20), 0);
     for (uint64_t off = 0; off < bytes; off += zeros.size()) {
       const uint64_t n = std::min<uint64_t>(zeros.size(), bytes - off);
       EXPECT_TRUE(
-          device_->CopySync(static_cast<char*>(*p) + off, zeros.data(), n, CopyDir::kHostToDevice).ok());
+          device_->CopySync(static_cast<char*>(p) + off, zeros.data(), n, CopyDir::kHostToDevice).ok());
     }
-    return *p;
+    return p;
   }
   // `count` values uniform in [-1, 1) of `dtype` on the device: the products' rates
   // depend on the data (zeros draw less power and clock higher), so no zeros for them.
   void* Random(uint64_t count, DType dtype) {
     const uint64_t size = DTypeSize(dtype);
-    auto p = device_->Allocate(count * size);
-    EXPECT_TRUE(p.ok()) << p.status().ToString();
-    if (!p.ok()) return nullptr;
-    buffers_.push_back(*p);
+    void* p = Allocate(count * size);
+    if (p == nullptr) return nullptr;
     const uint64_t piece = uint64_t{16} << 20;
     std::vector<float> f(piece);
     std::vector<uint16_t> h(piece);
@@ -113,9 +93,9 @@ class DeviceBench : public ::testing::Test {
         src = h.data();
       }
       EXPECT_TRUE(
-          device_->CopySync(static_cast<char*>(*p) + off * size, src, n * size, CopyDir::kHostToDevice).ok());
+          device_->CopySync(static_cast<char*>(p) + off * size, src, n * size, CopyDir::kHostToDevice).ok());
     }
-    return *p;
+    return p;
   }
   // Device-to-device copy rate (bytes read + written per second) over `bytes` buffers.
   double CopyBytesPerSecond(uint64_t bytes) {
@@ -127,10 +107,6 @@ class DeviceBench : public ::testing::Test {
     });
     return 2.0 * static_cast<double>(bytes) / s;
   }
-
-  std::unique_ptr<Device> device_;
-  StreamId stream_;
-  std::vector<void*> buffers_;
 };
 
 TEST_F(DeviceBench, DISABLED_AdamBesideHbmCopy) {
@@ -239,8 +215,7 @@ TEST_F(DeviceBench, DISABLED_MlpStepBesideGemmPeak) {
                                   static_cast<float*>(Random(n * n, DType::kF32)),
                                   static_cast<float*>(Zeroed(n * n * 4)), n, &gemm);
   Report("gemm", gemm);
-  for (void* p : buffers_) device_->Free(p);
-  buffers_.clear();
+  FreeBuffers();
 
   // Wide enough layers and batch for the products to be compute-bound: 256M parameters
   // in 4 hidden layers (about 8k wide), 2048 samples per step.

@@ -12,40 +12,32 @@
 #include "strata/device.h"
 #include "strata/half.h"
 #include "strata/model.h"
+#include "cuda_device_test.h"
 #include "zero/device_ops.h"
 
 namespace strata::zero {
 namespace {
 
-class DeviceOpsGpuTest : public ::testing::Test {
+class DeviceOpsGpuTest : public testing::CudaDeviceTest {
  protected:
+  DeviceOpsGpuTest() : CudaDeviceTest("compute") {}
   void SetUp() override {
-    const CudaProbe probe = ProbeCuda();
-    if (!probe.available) GTEST_SKIP() << "no usable GPU: " << probe.reason;
-    DeviceOptions o;
-    o.kind = DeviceKind::kCuda;
-    auto d = CreateDevice(o);
-    ASSERT_TRUE(d.ok()) << d.status().ToString();
-    device_ = std::move(*d);
-    auto s = device_->CreateStream("compute");
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
-    auto ops = CreateDeviceOps(*device_, *s);
+    CudaDeviceTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    auto ops = CreateDeviceOps(*device_, stream_);
     ASSERT_TRUE(ops.ok()) << ops.status().ToString();
     ops_ = std::move(*ops);
   }
   void TearDown() override {
     ops_.reset();
-    if (device_) {
-      for (void* p : buffers_) device_->Free(p);
-    }
+    CudaDeviceTest::TearDown();
   }
   template <typename T>
   T* Upload(const std::vector<T>& v) {
-    auto p = device_->Allocate(std::max<size_t>(v.size() * sizeof(T), 1));
-    EXPECT_TRUE(p.ok()) << p.status().ToString();
-    buffers_.push_back(*p);
-    EXPECT_TRUE(device_->CopySync(*p, v.data(), v.size() * sizeof(T), CopyDir::kHostToDevice).ok());
-    return static_cast<T*>(*p);
+    void* p = Allocate(std::max<size_t>(v.size() * sizeof(T), 1));
+    if (p == nullptr) return nullptr;
+    EXPECT_TRUE(device_->CopySync(p, v.data(), v.size() * sizeof(T), CopyDir::kHostToDevice).ok());
+    return static_cast<T*>(p);
   }
   template <typename T>
   std::vector<T> Download(const T* d, size_t n) {
@@ -54,9 +46,7 @@ class DeviceOpsGpuTest : public ::testing::Test {
     return v;
   }
 
-  std::unique_ptr<Device> device_;
   std::unique_ptr<DeviceOps> ops_;
-  std::vector<void*> buffers_;
 };
 
 std::vector<float> Values(size_t n, uint64_t stream, float scale) {
