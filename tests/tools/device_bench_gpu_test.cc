@@ -23,13 +23,13 @@
 #include <vector>
 
 #include "cuda_device_test.h"
-#include "zero/single_world.h"
 #include "strata/adam.h"
 #include "strata/device.h"
 #include "strata/mlp_cuda.h"
 #include "strata/mlp_kernels.h"
 #include "strata/model.h"
 #include "tools/step_bench.h"
+#include "zero/single_world.h"
 #if STRATA_HAVE_CUDA
 #include "model/cuda/matmul.h"
 #endif

@@ -9,10 +9,10 @@
 #include <limits>
 #include <vector>
 
+#include "cuda_device_test.h"
 #include "strata/device.h"
 #include "strata/half.h"
 #include "strata/model.h"
-#include "cuda_device_test.h"
 #include "zero/device_ops.h"
 
 namespace strata::zero {
