@@ -3,18 +3,28 @@
 // shards over device, pinned host and NVMe memory (offload_optimizer, offload_param).
 //
 // Usage (one engine per rank, every rank the same calls in the same order):
-//   auto engine = Engine::Create(config, modules, init, {.world = comm, .device = dev});
-//   model::Mlp model(spec, engine->model_backend(), engine->model_stream());
+//   auto engine = Engine::Create(config, model_decl, init, {.world = comm, .device = dev});
 //   for each step:
 //     for each micro-batch (gradient_accumulation_steps of them):
-//       model.ForwardBackward(batch, normaliser, *engine);   // calls the hooks below
+//       engine->BeginMicroBatch();
+//       model.ForwardBackward(batch, *engine);   // calls the ModuleHooks (module_hooks.h)
 //     auto result = engine->Step();
+// The model is anything that declares its tensors and modules (ModelDecl) and calls the
+// hooks around each use of a module; model::Mlp is one such model.
 //
-// Layout: tensors are laid out in module order in one flat parameter space cut into
+// Layout: every tensor is placed once (a tensor shared by several modules is one
+// parameter), in the order modules first use them, in one flat parameter space cut into
 // chunks of equal size (strata.chunk_size bytes of fp32 parameters, raised to the
 // largest module, rounded to world size x 2048 elements so every shard of every plane
 // is 4 KiB aligned for O_DIRECT). A tensor never spans two chunks. Each rank owns the
 // shard [rank * S, (rank + 1) * S) of every chunk (S = chunk elements / world size).
+//
+// Call order: the engine assumes the plain order (forward 0..n-1, backward n-1..0)
+// until it has recorded one micro-batch, then follows the recording: stage 3 gathers
+// ahead along it, and a chunk's gradients are reduced once its last backward use in the
+// recording is done. A micro-batch that departs from the recording still trains
+// correctly (the engine gathers on demand and reduces at the micro-batch's end) and is
+// recorded instead; the log says so.
 //
 // Stages (DeepSpeed's meaning):
 //   0: replicas; gradients all-reduced; every rank steps every parameter.
@@ -49,7 +59,8 @@
 // discards it and steps that chunk again with the right scale. NVMe state is written to
 // the block's other slot, so a discarded step costs no extra read.
 //
-// Threads: the hooks and Step() are called from one thread (the training loop). The
+// Threads: the hooks and Step() are called by one thread at a time (the training loop;
+// not necessarily the same thread each time). The
 // engine runs its own threads for collectives, copies, I/O and the CPU optimizer.
 #pragma once
 
@@ -62,8 +73,7 @@
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/device.h"
-#include "strata/model.h"
-#include "strata/mlp.h"
+#include "strata/module_hooks.h"
 #include "strata/status.h"
 
 namespace strata {
@@ -72,9 +82,9 @@ class HostArena;
 class IoFaultHook;  // io.h: test-only fault injection
 class Timeline;
 
-// Writes elements [begin, begin + count) of tensor `tensor` of module `module` in fp32.
-// Called by Create for the shards this rank owns (and, stages 0-2, the full copy).
-using ParamInit = std::function<void(int module, int tensor, int64_t begin, int64_t count, float* out)>;
+// Writes elements [begin, begin + count) of tensor `tensor` (its id) in fp32. Called by
+// Create for the shards this rank owns (and, stages 0-2, the full copy).
+using ParamInit = std::function<void(TensorId tensor, int64_t begin, int64_t count, float* out)>;
 
 struct EngineResources {
   Communicator* world = nullptr;  // required; host (MPI) collectives and bootstrap
@@ -101,9 +111,9 @@ struct EngineResources {
 // Where the time of a step went, in seconds of wall time on the calling thread, and
 // what moved. busy_* count work on the engine's own lanes (they overlap with the rest).
 struct StepResult {
-  bool skipped = false;       // fp16 overflow: no update
-  double loss_scale = 1;      // the scale used by this step's backward
-  double grad_norm = 0;       // ||g / loss_scale||, after reduction, before clipping
+  bool skipped = false;   // fp16 overflow: no update
+  double loss_scale = 1;  // the scale used by this step's backward
+  double grad_norm = 0;   // ||g / loss_scale||, after reduction, before clipping
   double clip_coef = 1;
   int speculative_steps = 0;  // chunks stepped during backward
   int redone_steps = 0;       // of those, stepped again (clipping engaged / overflow)
@@ -131,11 +141,11 @@ struct StepResult {
 };
 
 struct EngineLayoutInfo {
-  int64_t num_params = 0;     // real parameters
+  int64_t num_params = 0;  // real parameters
   int64_t chunk_elems = 0;
   int num_chunks = 0;
-  int64_t shard_elems = 0;    // per chunk, per rank
-  uint64_t device_need = 0;   // bytes the engine must hold on the device (fixed part)
+  int64_t shard_elems = 0;   // per chunk, per rank
+  uint64_t device_need = 0;  // bytes the engine must hold on the device (fixed part)
   uint64_t host_need = 0;
   uint64_t nvme_need = 0;
   bool gradients_on_nvme = false;  // strata.gradients resolved (optimizer on NVMe only)
@@ -144,7 +154,7 @@ struct EngineLayoutInfo {
   // 16 MiB of state, so that a few staging sets pipeline reads, steps and writes.
   int optimizer_pieces = 1;
   int64_t optimizer_piece_elems = 0;
-  int optimizer_staging_sets = 0;  // pinned sets of one piece's state each
+  int optimizer_staging_sets = 0;    // pinned sets of one piece's state each
   int optimizer_padding_pieces = 0;  // this rank's pieces wholly in chunk padding: never moved
   // Stage 3, fp32 compute, optimizer and parameters both on NVMe: a gather reads the
   // parameter shard from the master part of the optimizer state on disk, so there is no
@@ -163,24 +173,30 @@ struct EngineLayoutInfo {
   int carried_chunks = 0;
 };
 
-class Engine : public model::MlpHooks {
+class Engine : public ModuleHooks {
  public:
-  // Lays out the modules, checks budgets, allocates every tier and initialises the
+  // Lays out the model's tensors, checks budgets, allocates every tier and initialises the
   // parameters with `init`. Collective over resources.world (all ranks call it with
   // the same config and modules; a mismatch is InvalidArgument naming the first
   // differing key). Errors: InvalidArgument (config/layout), OutOfBudget (a tier that
   // cannot hold what the configuration needs), Unavailable (missing device or MPI),
   // IoError/ResourceExhausted (swap files); Unavailable for a CUDA device in a build
   // without CUDA.
-  static Result<std::unique_ptr<Engine>> Create(const Config& config, std::vector<model::ModuleSpec> modules,
-                                                const ParamInit& init, const EngineResources& resources);
+  static Result<std::unique_ptr<Engine>> Create(const Config& config, ModelDecl model, const ParamInit& init,
+                                                const EngineResources& resources);
   ~Engine() override;
 
-  // --- hooks the model calls (model::MlpHooks) ---
-  // Before: the module's full compute parameters are on the device; the pointers stay
-  // valid until the matching After hook. Backward also hands out the gradient buffers
-  // (fp32, overwritten by the model). After backward, the module's gradients are
-  // reduced (asynchronously) into the gradient shards.
+  // --- hooks the model calls (ModuleHooks) ---
+  // Fetch and BeginBackward: the module's full compute parameters are on the device; the
+  // pointers stay valid until the matching Release / EndBackward. BeginBackward also
+  // hands out the gradient buffers (fp32; accumulate per tensor, module_hooks.h). Once
+  // the last backward use of a chunk's tensors in the micro-batch is done, its gradients
+  // are reduced (asynchronously) into the gradient shards.
+  // The uses of a micro-batch must include every backward use of a module that the
+  // recording says was already final for its chunk: a backward of a module whose
+  // chunk's reduction has started is refused (FailedPrecondition; the engine fails),
+  // which happens only when modules gain backward uses with an unchanged forward (a
+  // frozen module unfrozen mid-run).
   // An argument error (module out of range) changes nothing. Any other error (a gather
   // that failed to read, a reduction that failed) leaves the engine failed as a failed
   // Step() does (below): every later hook, BeginMicroBatch and Step return
@@ -191,10 +207,10 @@ class Engine : public model::MlpHooks {
   // (Communicator::PostFailure): the other ranks' collectives end at once with Aborted
   // naming it, their engines fail the same way, and the world is then failed for good
   // (end the job; GatherMaster, a collective, no longer works there).
-  Result<model::ModuleParams> BeforeForward(int module) override;
-  Status AfterForward(int module) override;
-  Result<model::ModuleBackward> BeforeBackward(int module) override;
-  Status AfterBackward(int module) override;
+  Result<ModuleParams> Fetch(int module) override;
+  Status Release(int module) override;
+  Result<ModuleBackward> BeginBackward(int module) override;
+  Status EndBackward(int module) override;
 
   // Marks the start of a micro-batch (the training loop calls it before each forward).
   // The engine counts micro-batches to know which one is the last before Step().
@@ -226,18 +242,18 @@ class Engine : public model::MlpHooks {
   // The loss scale the model must multiply its loss by (1 unless fp16).
   double loss_scale() const;
   DType compute_dtype() const;
-  // How the model must run its kernels on the engine's device: model::Backend::kCpu on
+  // How the model must run its kernels on the engine's device: Backend::kCpu on
   // sim (the hooks hand out host-addressable memory), kCuda on a GPU, with
   // model_stream() (a cudaStream_t as void*; nullptr on sim) as the Mlp's stream:
-  // AfterBackward (and at stage 3 AfterForward) synchronizes that stream before the
+  // EndBackward (and at stage 3 Release) synchronizes that stream before the
   // engine touches what the module's kernels read or wrote.
-  model::Backend model_backend() const;
+  Backend model_backend() const;
   void* model_stream() const;
   const EngineLayoutInfo& layout_info() const;
 
   // Copies the full fp32 master parameters (gathered from all ranks, every tier) of
-  // module `module`, tensor `tensor` into `out`. Collective over the world.
-  Status GatherMaster(int module, int tensor, std::vector<float>* out);
+  // tensor `tensor` (its id) into `out`. Collective over the world.
+  Status GatherMaster(TensorId tensor, std::vector<float>* out);
 
   struct Impl;
 

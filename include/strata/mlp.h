@@ -4,11 +4,11 @@
 //
 // Contract:
 //  - Order of calls for ForwardBackward, with M modules:
-//        for k in 0..M-1:  BeforeForward(k) -> compute -> AfterForward(k)
+//        for k in 0..M-1:  Fetch(k) -> compute -> Release(k)
 //        loss
-//        for k in M-1..0:  BeforeBackward(k) -> compute -> AfterBackward(k)
-//    Pointers returned by BeforeForward(k) are used only until AfterForward(k) returns;
-//    those of BeforeBackward(k) only until AfterBackward(k). When AfterBackward(k) is called,
+//        for k in M-1..0:  BeginBackward(k) -> compute -> EndBackward(k)
+//    Pointers returned by Fetch(k) are used only until Release(k) returns;
+//    those of BeginBackward(k) only until EndBackward(k). When EndBackward(k) is called,
 //    module k's gradients are completely written.
 //  - ModuleParams::tensors / ModuleGrads::tensors follow the module's tensor order in
 //    MlpModules (weight, then bias); params are of `dtype`, grads fp32.
@@ -19,7 +19,7 @@
 //    the driver's stream (a cudaStream_t as void*); the batch is copied from the host to the
 //    device, and the call returns after the loss has been read back (so the stream has run
 //    the forward pass and loss); backward kernels are enqueued in order on the stream, and
-//    AfterBackward(k) is called once module k's backward has been enqueued: the hook must
+//    EndBackward(k) is called once module k's backward has been enqueued: the hook must
 //    order its own work after it on the stream (or synchronize) before reading gradients.
 //    ForwardBackward on kCuda synchronizes the stream before returning.
 //  - The driver owns its activation workspace (allocated on first use, grown when a larger
@@ -31,35 +31,12 @@
 #include <vector>
 
 #include "strata/model.h"
+#include "strata/module_hooks.h"
 #include "strata/status.h"
 
 namespace strata::model {
 
-struct ModuleParams {
-  DType dtype = DType::kF32;
-  std::vector<const void*> tensors;
-};
-
-struct ModuleGrads {
-  std::vector<float*> tensors;
-  bool accumulate = false;  // add to the existing values (gradient accumulation)
-};
-
-struct ModuleBackward {
-  ModuleParams params;
-  ModuleGrads grads;
-};
-
-class MlpHooks {
- public:
-  virtual ~MlpHooks() = default;
-  virtual Result<ModuleParams> BeforeForward(int module) = 0;
-  virtual Status AfterForward(int /*module*/) { return OkStatus(); }
-  virtual Result<ModuleBackward> BeforeBackward(int module) = 0;
-  virtual Status AfterBackward(int /*module*/) { return OkStatus(); }
-};
-
-enum class Backend { kCpu, kCuda };
+using ::strata::Backend;
 
 class Mlp {
  public:
@@ -71,13 +48,13 @@ class Mlp {
   Mlp& operator=(const Mlp&) = delete;
 
   const MlpSpec& spec() const { return spec_; }
-  const std::vector<ModuleSpec>& modules() const { return modules_; }
+  const ModelDecl& modules() const { return modules_; }
 
   // Forward, loss (divided by `normaliser`), backward. Returns the batch's loss term.
   // InvalidArgument when the batch does not match the spec.
-  Result<double> ForwardBackward(const Batch& batch, double normaliser, MlpHooks& hooks);
-  // Forward and loss only (AfterForward hooks run; no backward hooks).
-  Result<double> Forward(const Batch& batch, double normaliser, MlpHooks& hooks);
+  Result<double> ForwardBackward(const Batch& batch, double normaliser, ModuleHooks& hooks);
+  // Forward and loss only (Release hooks run; no backward hooks).
+  Result<double> Forward(const Batch& batch, double normaliser, ModuleHooks& hooks);
 
   // The output of the last layer of the latest pass, [batch, output_dim] (a device
   // pointer for kCuda).
@@ -91,13 +68,16 @@ class Mlp {
     std::vector<float> host;
   };
   Status Ensure(Buffer& buffer, int64_t floats);
-  Result<double> Run(const Batch& batch, double normaliser, MlpHooks& hooks, bool backward);
+  // The one accumulate flag the Linear kernels take for a layer's weight and bias: when
+  // the hooks' flags differ, the tensor to overwrite is zeroed first and both add.
+  Result<bool> AccumulateBoth(const ModuleGrads& grads, int layer);
+  Result<double> Run(const Batch& batch, double normaliser, ModuleHooks& hooks, bool backward);
   Status Upload(const Batch& batch);
 
   MlpSpec spec_;
   Backend backend_;
   void* stream_;
-  std::vector<ModuleSpec> modules_;
+  ModelDecl modules_;
   std::vector<int64_t> dims_;
   // pre_[k]: output of layer k (before its GELU); acts_[k]: input of layer k, the GELU of
   // pre_[k - 1] (acts_[0]: the batch's x on kCuda, unused on kCpu). pre_.back() is the
@@ -109,10 +89,10 @@ class Mlp {
 };
 
 // Parameters and gradients of a whole MLP, dense in memory: the unsharded reference, and a
-// ready-made MlpHooks for tests and single-process training. Optionally keeps a 16-bit
+// ready-made ModuleHooks for tests and single-process training. Optionally keeps a 16-bit
 // compute copy (refreshed by SyncCompute) that the forward and backward read instead of the
 // fp32 values.
-class DenseMlp : public MlpHooks {
+class DenseMlp : public ModuleHooks {
  public:
   // Initialises parameters with InitTensorSlice; compute dtype kF32 uses the fp32 params.
   explicit DenseMlp(const MlpSpec& spec, DType compute = DType::kF32);
@@ -123,13 +103,13 @@ class DenseMlp : public MlpHooks {
   // Rounds the fp32 params into the 16-bit copy (no-op for kF32).
   void SyncCompute();
   void ZeroGrads();
-  // Next backward adds to the gradients instead of overwriting them.
+  // Next backward adds to the gradients instead of overwriting them (both tensors).
   void set_accumulate(bool accumulate) { accumulate_ = accumulate; }
   // params -= lr * grads, then SyncCompute.
   void SgdStep(float lr);
 
-  Result<ModuleParams> BeforeForward(int module) override;
-  Result<ModuleBackward> BeforeBackward(int module) override;
+  Result<ModuleParams> Fetch(int module) override;
+  Result<ModuleBackward> BeginBackward(int module) override;
 
  private:
   DType compute_;

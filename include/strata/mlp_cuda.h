@@ -45,5 +45,7 @@ Status Free(void* ptr);
 Status CopyToDevice(void* dst, const void* src, size_t bytes);
 Status CopyToHost(void* dst, const void* src, size_t bytes);
 Status StreamSynchronize(void* stream);
+// Zeroes n floats of device memory, enqueued on `stream`.
+Status Zero(void* stream, float* ptr, int64_t n);
 
 }  // namespace strata::model::cuda

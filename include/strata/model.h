@@ -7,8 +7,9 @@
 //    the last is followed by GELU (tanh approximation, see mlp_kernels.h). The last layer's
 //    output goes into the loss.
 //  - Modules, in execution order of the forward pass, are the Linear layers: module k holds
-//    "layer<k>.weight" [out, in] (row-major) and "layer<k>.bias" [out], in that order. This is
-//    what the engine registers; the backward pass visits modules in reverse order.
+//    "layer<k>.weight" [out, in] (row-major) and "layer<k>.bias" [out], in that order
+//    (MlpModules: the ModelDecl the engine registers); the backward pass visits modules in
+//    reverse order.
 //  - Parameters are a pure function of (spec.seed, module, tensor, element index): any rank
 //    initialises any slice of any tensor without communication, and gets the same values as
 //    the single-rank reference (InitTensorSlice). Values follow PyTorch's default nn.Linear
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "strata/half.h"
+#include "strata/module_hooks.h"
 #include "strata/status.h"
 
 namespace strata::model {
@@ -60,19 +62,10 @@ Status ValidateSpec(const MlpSpec& spec);
 Result<LossKind> ParseLossKind(std::string_view name);
 std::string_view LossKindName(LossKind kind);
 
-struct TensorSpec {
-  std::string name;            // "layer0.weight"
-  std::vector<int64_t> shape;  // [out, in] or [out]
-  int64_t numel() const;
-};
-
-struct ModuleSpec {
-  std::string name;  // "layer0"
-  std::vector<TensorSpec> tensors;
-};
-
-// The modules in forward execution order. Requires a valid spec.
-std::vector<ModuleSpec> MlpModules(const MlpSpec& spec);
+// The model as the engine sees it: tensor 2k is "layer<k>.weight" and 2k + 1
+// "layer<k>.bias"; module k is "layer<k>" with those two. Requires a valid spec.
+ModelDecl MlpModules(const MlpSpec& spec);
+inline TensorId MlpTensorId(int layer, int tensor) { return 2 * layer + tensor; }
 int64_t MlpParameterCount(const MlpSpec& spec);
 // Layer dimensions [input, hidden..., output].
 std::vector<int64_t> MlpDims(const MlpSpec& spec);
@@ -86,6 +79,10 @@ MlpSpec MlpSpecForParams(double target_params, int depth, int64_t input_dim, int
 // Parallel (oneTBB) for large counts; the values do not depend on the thread count or on
 // how a tensor is cut into slices.
 void InitTensorSlice(const MlpSpec& spec, int module, int tensor, int64_t begin, int64_t count, float* out);
+// The same by tensor id (MlpTensorId): the engine's ParamInit for an MLP.
+inline void InitMlpTensor(const MlpSpec& spec, TensorId id, int64_t begin, int64_t count, float* out) {
+  InitTensorSlice(spec, id / 2, id % 2, begin, count, out);
+}
 
 // A micro-batch: x [batch, input_dim]; targets [batch, output_dim] for MSE, labels [batch]
 // (class indices) for cross entropy.

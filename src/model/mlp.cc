@@ -26,8 +26,8 @@ Mlp::Mlp(MlpSpec spec, Backend backend, void* stream)
   STRATA_CHECK_MSG(ValidateSpec(spec_).ok(), ValidateSpec(spec_).message());
   modules_ = MlpModules(spec_);
   dims_ = MlpDims(spec_);
-  pre_.resize(modules_.size());
-  acts_.resize(modules_.size());
+  pre_.resize(modules_.modules.size());
+  acts_.resize(modules_.modules.size());
 }
 
 Mlp::~Mlp() {
@@ -59,12 +59,24 @@ Status Mlp::Ensure(Buffer& buffer, int64_t floats) {
   return OkStatus();
 }
 
-Result<double> Mlp::ForwardBackward(const Batch& batch, double normaliser, MlpHooks& hooks) {
+Result<double> Mlp::ForwardBackward(const Batch& batch, double normaliser, ModuleHooks& hooks) {
   return Run(batch, normaliser, hooks, true);
 }
 
-Result<double> Mlp::Forward(const Batch& batch, double normaliser, MlpHooks& hooks) {
+Result<double> Mlp::Forward(const Batch& batch, double normaliser, ModuleHooks& hooks) {
   return Run(batch, normaliser, hooks, false);
+}
+
+Result<bool> Mlp::AccumulateBoth(const ModuleGrads& grads, int layer) {
+  if (grads.accumulate[0] == grads.accumulate[1]) return grads.accumulate[0] != 0;
+  const int which = grads.accumulate[0] ? 1 : 0;
+  const int64_t n = which == 0 ? dims_[layer] * dims_[layer + 1] : dims_[layer + 1];
+  if (backend_ == Backend::kCuda) {
+    STRATA_RETURN_IF_ERROR(cuda::Zero(stream_, grads.tensors[which], n));
+  } else {
+    std::fill(grads.tensors[which], grads.tensors[which] + n, 0.0f);
+  }
+  return true;
 }
 
 Status Mlp::Upload(const Batch& batch) {
@@ -85,7 +97,7 @@ Status Mlp::Upload(const Batch& batch) {
   return cuda::StreamSynchronize(nullptr);  // as for the targets
 }
 
-Result<double> Mlp::Run(const Batch& batch, double normaliser, MlpHooks& hooks, bool backward) {
+Result<double> Mlp::Run(const Batch& batch, double normaliser, ModuleHooks& hooks, bool backward) {
   const int64_t n = batch.size, in = spec_.input_dim, out = spec_.output_dim;
   const bool mse = spec_.loss == LossKind::kMse;
   const bool gpu = backend_ == Backend::kCuda;
@@ -107,14 +119,14 @@ Result<double> Mlp::Run(const Batch& batch, double normaliser, MlpHooks& hooks, 
     }
   }
   if (gpu) STRATA_RETURN_IF_ERROR(Upload(batch));
-  const int num = static_cast<int>(modules_.size());
+  const int num = static_cast<int>(modules_.modules.size());
   auto input_of = [&](int k) -> const float* { return k == 0 && !gpu ? batch.x.data() : acts_[k].ptr; };
 
   for (int k = 0; k < num; ++k) {
-    const std::string& name = modules_[k].name;
-    Result<ModuleParams> params = hooks.BeforeForward(k);
+    const std::string& name = modules_.modules[k].name;
+    Result<ModuleParams> params = hooks.Fetch(k);
     if (!params.ok()) return params.status().WithContext("before forward of module " + name);
-    STRATA_RETURN_IF_ERROR(CheckTensors(params->tensors, name, "BeforeForward"));
+    STRATA_RETURN_IF_ERROR(CheckTensors(params->tensors, name, "Fetch"));
     const int64_t width = dims_[k + 1];
     STRATA_RETURN_IF_ERROR(Ensure(pre_[k], n * width));
     if (k + 1 < num) STRATA_RETURN_IF_ERROR(Ensure(acts_[k + 1], n * width));
@@ -129,7 +141,7 @@ Result<double> Mlp::Run(const Batch& batch, double normaliser, MlpHooks& hooks, 
                     pre_[k].ptr);
       if (k + 1 < num) GeluForward(pre_[k].ptr, n * width, acts_[k + 1].ptr);
     }
-    Status after = hooks.AfterForward(k);
+    Status after = hooks.Release(k);
     if (!after.ok()) return after.WithContext("after forward of module " + name);
   }
 
@@ -159,27 +171,30 @@ Result<double> Mlp::Run(const Batch& batch, double normaliser, MlpHooks& hooks, 
   // grad_a_ holds d loss / d pre_[k]; the layer's input gradient goes to grad_b_, through
   // the previous GELU in place, and the two swap.
   for (int k = num - 1; k >= 0; --k) {
-    const std::string& name = modules_[k].name;
-    Result<ModuleBackward> bw = hooks.BeforeBackward(k);
+    const std::string& name = modules_.modules[k].name;
+    Result<ModuleBackward> bw = hooks.BeginBackward(k);
     if (!bw.ok()) return bw.status().WithContext("before backward of module " + name);
-    STRATA_RETURN_IF_ERROR(CheckTensors(bw->params.tensors, name, "BeforeBackward"));
-    if (bw->grads.tensors.size() != 2 || bw->grads.tensors[0] == nullptr || bw->grads.tensors[1] == nullptr) {
-      return InvalidArgumentError("MLP: hook BeforeBackward for module " + name +
-                                  " must return 2 non-null gradient tensors (weight, bias)");
+    STRATA_RETURN_IF_ERROR(CheckTensors(bw->params.tensors, name, "BeginBackward"));
+    if (bw->grads.tensors.size() != 2 || bw->grads.tensors[0] == nullptr || bw->grads.tensors[1] == nullptr ||
+        bw->grads.accumulate.size() != 2) {
+      return InvalidArgumentError(
+          "MLP: hook BeginBackward for module " + name +
+          " must return 2 non-null gradient tensors (weight, bias) and their accumulate flags");
     }
+    STRATA_ASSIGN_OR_RETURN(const bool accumulate, AccumulateBoth(bw->grads, k));
     float* dx = k > 0 ? grad_b_.ptr : nullptr;
     if (gpu) {
-      STRATA_RETURN_IF_ERROR(cuda::LinearBackward(
-          stream_, input_of(k), grad_a_.ptr, n, dims_[k], dims_[k + 1], bw->params.tensors[0],
-          bw->params.dtype, dx, bw->grads.tensors[0], bw->grads.tensors[1], bw->grads.accumulate));
+      STRATA_RETURN_IF_ERROR(cuda::LinearBackward(stream_, input_of(k), grad_a_.ptr, n, dims_[k],
+                                                  dims_[k + 1], bw->params.tensors[0], bw->params.dtype, dx,
+                                                  bw->grads.tensors[0], bw->grads.tensors[1], accumulate));
       if (k > 0) STRATA_RETURN_IF_ERROR(cuda::GeluBackward(stream_, pre_[k - 1].ptr, dx, n * dims_[k], dx));
     } else {
       LinearBackward(input_of(k), grad_a_.ptr, n, dims_[k], dims_[k + 1], bw->params.tensors[0],
-                     bw->params.dtype, dx, bw->grads.tensors[0], bw->grads.tensors[1], bw->grads.accumulate);
+                     bw->params.dtype, dx, bw->grads.tensors[0], bw->grads.tensors[1], accumulate);
       if (k > 0) GeluBackward(pre_[k - 1].ptr, dx, n * dims_[k], dx);
     }
     if (k > 0) std::swap(grad_a_, grad_b_);
-    Status after = hooks.AfterBackward(k);
+    Status after = hooks.EndBackward(k);
     if (!after.ok()) return after.WithContext("after backward of module " + name);
   }
   if (gpu) STRATA_RETURN_IF_ERROR(cuda::StreamSynchronize(stream_));
@@ -187,13 +202,13 @@ Result<double> Mlp::Run(const Batch& batch, double normaliser, MlpHooks& hooks, 
 }
 
 DenseMlp::DenseMlp(const MlpSpec& spec, DType compute) : compute_(compute) {
-  const std::vector<ModuleSpec> modules = MlpModules(spec);
-  params_.resize(modules.size());
-  grads_.resize(modules.size());
-  half_.resize(modules.size());
-  for (size_t m = 0; m < modules.size(); ++m) {
-    for (size_t t = 0; t < modules[m].tensors.size(); ++t) {
-      const int64_t numel = modules[m].tensors[t].numel();
+  const ModelDecl model = MlpModules(spec);
+  params_.resize(model.modules.size());
+  grads_.resize(model.modules.size());
+  half_.resize(model.modules.size());
+  for (size_t m = 0; m < model.modules.size(); ++m) {
+    for (size_t t = 0; t < model.modules[m].tensors.size(); ++t) {
+      const int64_t numel = model.tensors[model.modules[m].tensors[t]].numel();
       params_[m].emplace_back(numel);
       grads_[m].emplace_back(numel, 0.0f);
       InitTensorSlice(spec, static_cast<int>(m), static_cast<int>(t), 0, numel, params_[m][t].data());
@@ -228,7 +243,7 @@ void DenseMlp::SgdStep(float lr) {
   SyncCompute();
 }
 
-Result<ModuleParams> DenseMlp::BeforeForward(int module) {
+Result<ModuleParams> DenseMlp::Fetch(int module) {
   if (module < 0 || module >= num_modules()) {
     return InvalidArgumentError("DenseMlp: no module " + std::to_string(module));
   }
@@ -241,12 +256,12 @@ Result<ModuleParams> DenseMlp::BeforeForward(int module) {
   return p;
 }
 
-Result<ModuleBackward> DenseMlp::BeforeBackward(int module) {
-  STRATA_ASSIGN_OR_RETURN(ModuleParams p, BeforeForward(module));
+Result<ModuleBackward> DenseMlp::BeginBackward(int module) {
+  STRATA_ASSIGN_OR_RETURN(ModuleParams p, Fetch(module));
   ModuleBackward bw;
   bw.params = std::move(p);
   for (auto& g : grads_[module]) bw.grads.tensors.push_back(g.data());
-  bw.grads.accumulate = accumulate_;
+  bw.grads.accumulate.assign(bw.grads.tensors.size(), accumulate_ ? 1 : 0);
   return bw;
 }
 

@@ -35,12 +35,6 @@ Result<LossKind> ParseLossKind(std::string_view name) {
 
 std::string_view LossKindName(LossKind kind) { return kind == LossKind::kMse ? "mse" : "ce"; }
 
-int64_t TensorSpec::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 std::vector<int64_t> MlpDims(const MlpSpec& spec) {
   std::vector<int64_t> dims{spec.input_dim};
   dims.insert(dims.end(), spec.hidden.begin(), spec.hidden.end());
@@ -48,23 +42,22 @@ std::vector<int64_t> MlpDims(const MlpSpec& spec) {
   return dims;
 }
 
-std::vector<ModuleSpec> MlpModules(const MlpSpec& spec) {
+ModelDecl MlpModules(const MlpSpec& spec) {
   const std::vector<int64_t> dims = MlpDims(spec);
-  std::vector<ModuleSpec> modules;
+  ModelDecl model;
   for (size_t k = 0; k + 1 < dims.size(); ++k) {
     const std::string name = "layer" + std::to_string(k);
-    modules.push_back(ModuleSpec{
-        name,
-        {TensorSpec{name + ".weight", {dims[k + 1], dims[k]}}, TensorSpec{name + ".bias", {dims[k + 1]}}}});
+    const int layer = static_cast<int>(k);
+    model.tensors.push_back(TensorDecl{name + ".weight", {dims[k + 1], dims[k]}, std::nullopt});
+    model.tensors.push_back(TensorDecl{name + ".bias", {dims[k + 1]}, std::nullopt});
+    model.modules.push_back(ModuleDecl{name, {MlpTensorId(layer, 0), MlpTensorId(layer, 1)}});
   }
-  return modules;
+  return model;
 }
 
 int64_t MlpParameterCount(const MlpSpec& spec) {
   int64_t n = 0;
-  for (const ModuleSpec& m : MlpModules(spec)) {
-    for (const TensorSpec& t : m.tensors) n += t.numel();
-  }
+  for (const TensorDecl& t : MlpModules(spec).tensors) n += t.numel();
   return n;
 }
 

@@ -23,8 +23,8 @@ Result<MlpEngine> CreateMlpEngine(Communicator& world, const Config& config, con
     STRATA_ASSIGN_OR_RETURN(e.device_comm, CreateNcclCommunicator(world, nopt, copt));
     res.device_comm = e.device_comm.get();
   }
-  ParamInit init = [model](int m, int t, int64_t b, int64_t n, float* out) {
-    model::InitTensorSlice(model, m, t, b, n, out);
+  ParamInit init = [model](TensorId id, int64_t b, int64_t n, float* out) {
+    model::InitMlpTensor(model, id, b, n, out);
   };
   STRATA_ASSIGN_OR_RETURN(e.engine, Engine::Create(config, model::MlpModules(model), init, res));
   return e;

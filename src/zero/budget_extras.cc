@@ -89,10 +89,12 @@ uint64_t Engine::Impl::PlanGatherBuffers(const MemoryPlan& p, uint64_t room) {
   const int fixed = p.fixed_gather;
   const int allowed = fixed + static_cast<int>(std::min<uint64_t>(room / chunk16, cap));
   auto plan = [&](int spare) {
-    return zero::PlanKeep(l, config.zero.stage3_max_reuse_distance,
+    return zero::PlanKeep(l, order->trace(), config.zero.stage3_max_reuse_distance,
                           config.zero.stage3_param_persistence_threshold, spare);
   };
-  auto peak = [&](const zero::KeepPlan& k) { return zero::PeakGathered(l, k.kept, max_prefetch_modules); };
+  auto peak = [&](const zero::KeepPlan& k) {
+    return zero::PeakGathered(l, order->trace(), k.kept, max_prefetch_modules);
+  };
   // The largest count in [0, n_chunks] whose plan fits (a plan's peak grows with it).
   auto largest_fitting = [&](auto peak_of) {
     int lo = 0, hi = static_cast<int>(n_chunks);
@@ -112,11 +114,12 @@ uint64_t Engine::Impl::PlanGatherBuffers(const MemoryPlan& p, uint64_t room) {
   // micro-batch's forward uses first stay too, as the same buffers allow.
   const int micro_batches = std::max(config.gradient_accumulation_steps, 1);
   auto carry_peak = [&](int count) {
-    const std::vector<uint8_t> carried = zero::PlanCarry(l, config.zero.stage3_max_reuse_distance, count);
-    return zero::PeakGathered(l, kept_chunk, max_prefetch_modules, carried, micro_batches);
+    const std::vector<uint8_t> carried =
+        zero::PlanCarry(l, order->trace(), config.zero.stage3_max_reuse_distance, count);
+    return zero::PeakGathered(l, order->trace(), kept_chunk, max_prefetch_modules, carried, micro_batches);
   };
   const int carry = micro_batches > 1 ? largest_fitting(carry_peak) : 0;
-  carried_chunk = zero::PlanCarry(l, config.zero.stage3_max_reuse_distance, carry);
+  carried_chunk = zero::PlanCarry(l, order->trace(), config.zero.stage3_max_reuse_distance, carry);
   info.carried_chunks = static_cast<int>(std::count(carried_chunk.begin(), carried_chunk.end(), 1));
   gather_buffers = std::max(carry_peak(carry), fixed);
   return (gather_buffers - fixed) * chunk16;

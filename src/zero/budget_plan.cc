@@ -119,9 +119,10 @@ void Engine::Impl::PlanDeviceNeed(MemoryPlan& p) {
   } else {
     // The running module's chunks, and the chunks of small tensors only, which stay
     // gathered whatever the budget, as DeepSpeed's do; more if it fits.
-    const zero::KeepPlan persist = zero::PlanKeep(l, 0, config.zero.stage3_param_persistence_threshold, 0);
-    p.fixed_gather = zero::PeakGathered(l, persist.kept, /*window=*/0);
-    const int module_peak = zero::PeakGathered(l, {}, /*window=*/0);
+    const zero::KeepPlan persist =
+        zero::PlanKeep(l, order->trace(), 0, config.zero.stage3_param_persistence_threshold, 0);
+    p.fixed_gather = zero::PeakGathered(l, order->trace(), persist.kept, /*window=*/0);
+    const int module_peak = zero::PeakGathered(l, order->trace(), {}, /*window=*/0);
     d.Add(Part("the largest module's gathered " + dt + " parameters (" + Chunks(module_peak) + ")",
                module_peak * chunk16, NeedScale::kChunk));
     d.Add(Part(Chunks(p.fixed_gather - module_peak) + " kept gathered for stage3_param_persistence_threshold",
@@ -319,11 +320,7 @@ Status Engine::Impl::PlanMemory(MemoryPlan& p) {
   shape.param_tier = param_tier;
   shape.num_params = layout.num_params;
   shape.chunk_elems = layout.chunk_elems;
-  for (const auto& m : modules) {
-    int64_t n = 0;
-    for (const auto& t : m.tensors) n += t.numel();
-    shape.largest_module = std::max(shape.largest_module, n);
-  }
+  for (int64_t n : layout.module_params) shape.largest_module = std::max(shape.largest_module, n);
   shape.chunk_size = config.strata.chunk_size;
   // NVMe first: a model too large for the disk is refused for that, however the memory
   // tiers are set; nothing is created on disk before this.

@@ -28,7 +28,7 @@
 #include "strata/adam.h"
 #include "strata/device.h"
 #include "strata/grad_stats.h"
-#include "strata/mlp.h"
+#include "strata/module_hooks.h"
 #include "strata/status.h"
 
 namespace strata::zero {
@@ -41,7 +41,7 @@ class DeviceOps {
 
   // How the model runs its kernels on this device: kCpu on sim (the hooks' pointers
   // are host-addressable), kCuda on a GPU with model_stream() as its cudaStream_t.
-  virtual model::Backend model_backend() const = 0;
+  virtual Backend model_backend() const = 0;
   virtual void* model_stream() const = 0;
   // Waits until the model's kernels enqueued so far have run (cuda: its stream;
   // sim: nothing, the CPU model is done when the hook is called).

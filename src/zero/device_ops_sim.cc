@@ -22,7 +22,7 @@ namespace {
 
 class HostOps : public DeviceOps {
  public:
-  model::Backend model_backend() const override { return model::Backend::kCpu; }
+  Backend model_backend() const override { return Backend::kCpu; }
   void* model_stream() const override { return nullptr; }
   Status WaitForModel() override { return OkStatus(); }
 

@@ -26,14 +26,24 @@ ZeroTier TierOf(OffloadDevice d) {
 void FillChunkRange(const zero::Layout& l, int chunk, int64_t begin, int64_t count, const ParamInit& init,
                     float* out) {
   std::fill(out, out + count, 0.0f);
-  for (const auto& mod : l.tensors) {
-    for (const auto& t : mod) {
-      if (t.chunk != chunk) continue;
-      int64_t lo = std::max(begin, t.offset), hi = std::min(begin + count, t.offset + t.numel);
-      if (lo >= hi) continue;
-      init(t.module, t.tensor, lo - t.offset, hi - lo, out + (lo - begin));
-    }
+  for (TensorId id : l.chunk_tensors[chunk]) {
+    const zero::TensorPlace& t = l.tensors[id];
+    int64_t lo = std::max(begin, t.offset), hi = std::min(begin + count, t.offset + t.numel);
+    if (lo >= hi) continue;
+    init(id, lo - t.offset, hi - lo, out + (lo - begin));
   }
+}
+
+// One compute dtype per engine: a tensor that asks for another is refused by name.
+Status CheckTensorDtypes(const ModelDecl& model, DType compute) {
+  for (const TensorDecl& t : model.tensors) {
+    if (!t.dtype || *t.dtype == compute) continue;
+    return InvalidArgumentError(
+        "engine: tensor \"" + t.name + "\" asks for " + std::string(DTypeName(*t.dtype)) +
+        " but the engine computes in " + std::string(DTypeName(compute)) +
+        " (bf16/fp16 in the config); leave TensorDecl::dtype unset or make them agree");
+  }
+  return OkStatus();
 }
 
 void ToCompute(const float* src, int64_t n, DType dtype, void* dst) {
@@ -53,12 +63,15 @@ Result<Communicator*> ChooseDeviceComm(const EngineResources& res) {
     if (n == 1) return nullptr;  // one rank: every device collective would be a no-op
     return InvalidArgumentError(
         "engine: EngineResources.device_comm is required to train on " + res.device->name() + " with " +
-        std::to_string(n) + " ranks (the gradients and parameters on the GPU are reduced and gathered there); "
-        "create one with CreateNcclCommunicator(world, NcclOptions{.device = <the CUDA index>}, ...) and pass it");
+        std::to_string(n) +
+        " ranks (the gradients and parameters on the GPU are reduced and gathered there); "
+        "create one with CreateNcclCommunicator(world, NcclOptions{.device = <the CUDA index>}, ...) and "
+        "pass it");
   }
   if (d->memory_space() != MemorySpace::kDevice) {
-    return InvalidArgumentError("engine: EngineResources.device_comm must be a device (NCCL) communicator; '" +
-                                d->name() + "' is " + std::string(d->backend()) + " (host buffers)");
+    return InvalidArgumentError(
+        "engine: EngineResources.device_comm must be a device (NCCL) communicator; '" + d->name() + "' is " +
+        std::string(d->backend()) + " (host buffers)");
   }
   if (d->size() != n || d->rank() != res.world->rank()) {
     return InvalidArgumentError("engine: EngineResources.device_comm '" + d->name() + "' is rank " +
@@ -148,8 +161,8 @@ Engine::~Engine() {
   }
 }
 
-Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, std::vector<model::ModuleSpec> modules,
-                                               const ParamInit& init, const EngineResources& res) {
+Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, ModelDecl model, const ParamInit& init,
+                                               const EngineResources& res) {
   if (res.world == nullptr) return InvalidArgumentError("engine: EngineResources.world is required");
   if (res.device == nullptr) return InvalidArgumentError("engine: EngineResources.device is required");
   if (res.world->memory_space() != MemorySpace::kHost) {
@@ -159,7 +172,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, std::vector
   auto impl = std::make_unique<Impl>();
   Impl& s = *impl;
   s.config = config;
-  s.modules = std::move(modules);
+  s.model = std::move(model);
   s.world = res.world;
   s.device_comm = device_comm;
   s.device = res.device;
@@ -183,12 +196,14 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, std::vector
   if (s.opt_tier == ZeroTier::kNvme && s.stage != 3) {
     return InvalidArgumentError(
         "zero_optimization.offload_optimizer.device: \"nvme\" needs zero_optimization.stage 3 "
-        "(as in DeepSpeed's ZeRO-Infinity); got stage " + std::to_string(s.stage));
+        "(as in DeepSpeed's ZeRO-Infinity); got stage " +
+        std::to_string(s.stage));
   }
   if (config.strata.gradients != "auto" && s.opt_tier != ZeroTier::kNvme) {
-    return InvalidArgumentError("strata.gradients: \"" + config.strata.gradients +
-                                "\" chooses where gradients wait for an NVMe optimizer step; it needs "
-                                "zero_optimization.offload_optimizer.device \"nvme\" (leave it \"auto\" otherwise)");
+    return InvalidArgumentError(
+        "strata.gradients: \"" + config.strata.gradients +
+        "\" chooses where gradients wait for an NVMe optimizer step; it needs "
+        "zero_optimization.offload_optimizer.device \"nvme\" (leave it \"auto\" otherwise)");
   }
   if (s.stage == 0 && s.opt_tier != ZeroTier::kDevice) {
     return InvalidArgumentError(
@@ -208,16 +223,17 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, std::vector
   s.scaler = scaler;
 
   // Every rank must agree on the configuration and the model before any collective.
-  nlohmann::json layout_doc = nlohmann::json::array();
-  for (const auto& m : s.modules) {
-    nlohmann::json mj = {{"name", m.name}, {"tensors", nlohmann::json::array()}};
-    for (const auto& t : m.tensors) mj["tensors"].push_back({{"name", t.name}, {"shape", t.shape}});
-    layout_doc.push_back(mj);
-  }
+  STRATA_RETURN_IF_ERROR(CheckTensorDtypes(s.model, s.compute));
+  nlohmann::json layout_doc = {{"tensors", nlohmann::json::array()}, {"modules", nlohmann::json::array()}};
+  for (const TensorDecl& t : s.model.tensors)
+    layout_doc["tensors"].push_back({{"name", t.name}, {"shape", t.shape}});
+  for (const ModuleDecl& m : s.model.modules)
+    layout_doc["modules"].push_back({{"name", m.name}, {"tensors", m.tensors}});
   STRATA_RETURN_IF_ERROR(CheckConsistency(*s.world, "config", ConfigToJson(config)));
   STRATA_RETURN_IF_ERROR(CheckConsistency(*s.world, "model layout", layout_doc));
 
-  STRATA_ASSIGN_OR_RETURN(s.layout, zero::MakeLayout(s.modules, config.strata.chunk_size, s.world_size));
+  STRATA_ASSIGN_OR_RETURN(s.layout, zero::MakeLayout(s.model, config.strata.chunk_size, s.world_size));
+  s.order.emplace(s.layout);
   s.opt_elems = s.stage == 0 ? s.layout.chunk_elems : s.layout.shard_elems;
   s.opt_offset = s.stage == 0 ? 0 : s.rank * s.layout.shard_elems;
   STRATA_ASSIGN_OR_RETURN(s.h2d, s.device->CreateStream("engine-h2d"));
@@ -425,8 +441,8 @@ Status Engine::Impl::InitParams(const ParamInit& init) {
     FillChunkRange(l, c, 0, l.chunk_elems, init, full.data());
     ToCompute(full.data(), l.chunk_elems, compute, c16.data());
     if (stage < 3) {
-      STRATA_RETURN_IF_ERROR(CopyToDevice(static_cast<uint8_t*>(param_full) + c * l.chunk_elems * csize, c16.data(),
-                                          l.chunk_elems * csize));
+      STRATA_RETURN_IF_ERROR(CopyToDevice(static_cast<uint8_t*>(param_full) + c * l.chunk_elems * csize,
+                                          c16.data(), l.chunk_elems * csize));
     } else {
       // Through pinned staging: the NVMe tier needs aligned, registered buffers.
       void* staged = param_staging.Take();
@@ -463,13 +479,17 @@ Status Engine::Impl::InitParams(const ParamInit& init) {
       }
     }
   }
-  chunk_pending_modules.assign(l.num_chunks, 0);
+  pending_backward.assign(l.num_chunks, 0);
+  reduced_final.assign(l.num_chunks, 0);
+  reduced_in_window.assign(l.num_chunks, 0);
+  grad_written.assign(l.tensors.size(), 0);
+  open_pos.assign(l.num_modules(), 0);
   return OkStatus();
 }
 
 double Engine::loss_scale() const { return impl_->scaler->scale(); }
 DType Engine::compute_dtype() const { return impl_->compute; }
-model::Backend Engine::model_backend() const { return impl_->ops->model_backend(); }
+Backend Engine::model_backend() const { return impl_->ops->model_backend(); }
 void* Engine::model_stream() const { return impl_->ops->model_stream(); }
 const EngineLayoutInfo& Engine::layout_info() const { return impl_->info; }
 

@@ -1,14 +1,15 @@
 // Stage 3 parameter gathers along the trace, and optimizer-state read-ahead.
 //
-// The trace of a micro-batch is forward 0..L then backward L..0. Gathers start for the
-// next prefetch_modules modules after the one running, as gather buffers allow; a
+// The trace of a micro-batch is the recorded call order (trace.h). Gathers start for the
+// chunks of the next prefetch_modules uses after the one running, as gather buffers allow; a
 // gathered chunk stays while a module in that window needs it, so the last modules of
 // forward are still there when backward starts with them, and the chunks the keep plan
 // chose (keep_plan.h) stay from forward to backward and, with gradient accumulation, from
 // one micro-batch's backward to the next one's forward. Which chunks are gathered and
 // released depends only on module indices, buffer counts and the depth, which the
 // ranks agree on (engine.cc, Step()), never on timing, so every rank issues the same
-// all-gathers in the same order.
+// all-gathers in the same order. A micro-batch off the recording gathers on demand and
+// releases what no module holds.
 //
 // NVMe shards are read in two halves: the read is issued on the training thread as
 // soon as the gather starts (into a pinned staging buffer, when one is free), and
@@ -155,8 +156,9 @@ void Engine::Impl::StartGather(int chunk) {
     int64_t t0 = NowNs();
     const auto span_start = std::chrono::steady_clock::now();
     // No device communicator (cuda, one rank): the shard is the whole chunk, in place.
-    Status st = device_comm == nullptr ? OkStatus()
-                                       : device_comm->AllGather(mine, g.buf, layout.shard_elems, compute).Wait();
+    Status st = device_comm == nullptr
+                    ? OkStatus()
+                    : device_comm->AllGather(mine, g.buf, layout.shard_elems, compute).Wait();
     comm_busy_ns += NowNs() - t0;
     Span(track_comm, "all-gather chunk " + std::to_string(chunk), span_start, layout.chunk_elems * csize);
     bytes_comm += layout.chunk_elems * csize;
@@ -186,7 +188,8 @@ Status Engine::Impl::EnsureGathered(int chunk) {
       }
       if (gather_pool.free.empty()) {
         return OutOfBudgetError("engine: no free gather buffer for chunk " + std::to_string(chunk) + " (" +
-                                std::to_string(gather_buffers) + " buffers, all in use); raise strata.device_budget");
+                                std::to_string(gather_buffers) +
+                                " buffers, all in use); raise strata.device_budget");
       }
     }
     StartGather(chunk);
@@ -197,11 +200,11 @@ Status Engine::Impl::EnsureGathered(int chunk) {
   return OkStatus();
 }
 
-
 void Engine::Impl::Prefetch(int pos) {
-  const int n = static_cast<int>(modules.size());
-  for (int p = pos + 1; p <= pos + prefetch_modules && p < 2 * n; ++p) {
-    for (int c : layout.module_chunks[zero::ModuleAt(p, n)]) {
+  if (order->diverged()) return;
+  const zero::Trace& trace = order->trace();
+  for (int p = pos + 1; p <= pos + prefetch_modules && p < trace.size(); ++p) {
+    for (int c : layout.module_chunks[trace.ModuleAt(p)]) {
       if (gathered.count(c)) continue;
       if (gather_pool.free.empty()) return;  // in trace order: nothing later jumps the queue
       StartGather(c);
@@ -226,17 +229,17 @@ int Engine::Impl::MeasuredPrefetch() {
 }
 
 Status Engine::Impl::CheckHooksDone() const {
-  if (!grad_bufs.empty()) {
-    // A backward left open (a model kernel failed between its hooks): its chunk's
-    // gradients were never reduced, and a step now would apply the window without them.
-    return FailedPreconditionError("engine: Step() while the backward of chunk " +
-                                   std::to_string(grad_bufs.begin()->first) +
-                                   " is open (BeforeBackward without AfterBackward for its modules)");
+  if (open_backward >= 0) {
+    // A backward left open (a model kernel failed between its hooks): its gradients were
+    // never finished, and a step now would apply the window without them.
+    return FailedPreconditionError("engine: Step() while the backward of module \"" +
+                                   model.modules[open_backward].name +
+                                   "\" is open (BeginBackward without EndBackward)");
   }
   for (const auto& [chunk, g] : gathered) {
     if (g.users > 0) {
       return FailedPreconditionError("engine: Step() while module hooks hold chunk " + std::to_string(chunk) +
-                                     " (call it after AfterForward / AfterBackward of every module)");
+                                     " (call it after Release / EndBackward of every module)");
     }
   }
   return OkStatus();
@@ -255,16 +258,18 @@ Status Engine::Impl::DropGathered() {
 }
 
 void Engine::Impl::ReleaseGathered(int module, int pos) {
-  const int n = static_cast<int>(modules.size());
   for (int c : layout.module_chunks[module]) --gathered[c].users;
+  const bool follows = !order->diverged();
+  const zero::Trace& trace = order->trace();
   std::vector<int> keep;
-  for (int p = pos + 1; p <= pos + prefetch_modules && p < 2 * n; ++p) {
-    const auto& chunks = layout.module_chunks[zero::ModuleAt(p, n)];
+  for (int p = pos + 1; follows && p <= pos + prefetch_modules && p < trace.size(); ++p) {
+    const auto& chunks = layout.module_chunks[trace.ModuleAt(p)];
     keep.insert(keep.end(), chunks.begin(), chunks.end());
   }
   for (auto it = gathered.begin(); it != gathered.end();) {
     const bool needed = std::find(keep.begin(), keep.end(), it->first) != keep.end() ||
-                        zero::StaysGathered(layout, kept_chunk, carried_chunk, it->first, pos, LastMicroBatch());
+                        (follows && zero::StaysGathered(order->uses(), kept_chunk, carried_chunk, it->first,
+                                                        pos, LastMicroBatch()));
     // A chunk still in flight is waited for: releasing must not depend on timing.
     if (it->second.users == 0 && !needed) {
       Status st = it->second.ready.get();

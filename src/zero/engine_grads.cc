@@ -11,8 +11,8 @@
 // no redo can happen and the final shard is not written at all.
 //
 // Accumulation over micro-batches reads the shard back, adds, and writes it again on
-// the comm worker, in micro-batch order; every micro-batch after the first costs one
-// read and one write per shard.
+// the comm worker, in submission order; every reduction of a chunk after its first in
+// the window costs one read and one write per shard.
 #include <chrono>
 
 #include "strata/grad_stats.h"
@@ -35,13 +35,13 @@ Status Engine::Impl::OpenGradStore() {
   return OkStatus();
 }
 
-Status Engine::Impl::AccumulateGradOnNvme(int chunk, const float* part, int micro_batch_index,
+Status Engine::Impl::AccumulateGradOnNvme(int chunk, const float* part, bool first_in_window,
                                           bool last_micro_batch) {
   OptChunk& o = opt[chunk];
   const uint64_t bytes = opt_elems * 4;
   auto* buf = static_cast<float*>(grad_host.Take());
   Status st;
-  if (micro_batch_index == 0) {
+  if (first_in_window) {
     st = CopyToHost(buf, part, bytes);
   } else {
     const int64_t t0 = NowNs();
@@ -85,7 +85,8 @@ Status Engine::Impl::AccumulateGradOnNvme(int chunk, const float* part, int micr
   auto wr = grad_store->Write(o.grad_slot, buf, grad_slot_bytes);
   if (!wr.ok()) {
     grad_host.Give(buf);
-    return wr.status().WithContext("writing the gradient shard of chunk " + std::to_string(chunk) + " to NVMe");
+    return wr.status().WithContext("writing the gradient shard of chunk " + std::to_string(chunk) +
+                                   " to NVMe");
   }
   bytes_nvme_written += grad_slot_bytes;
   o.grad_on_disk = true;

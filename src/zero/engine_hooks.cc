@@ -1,9 +1,11 @@
-// The hooks the model calls around each module: stage 3 gathers (engine_gather.cc),
-// gradient buffers, and the asynchronous reduction of finished chunks.
+// The hooks the model calls around each use of a module: stage 3 gathers
+// (engine_gather.cc), gradient buffers, the call order (trace.h), and the asynchronous
+// reduction of chunks whose gradients are final for the micro-batch.
 //
 // Every collective is issued by comm_worker in the order the training thread submits
-// it; that order depends only on the model and the configuration, so it is the same
-// on every rank (which is what makes the collectives match).
+// it; that order depends only on the model's calls and the configuration, so it is the
+// same on every rank (which is what makes the collectives match).
+#include <algorithm>
 #include <chrono>
 
 #include "strata/grad_stats.h"
@@ -15,20 +17,26 @@ namespace strata {
 Status Engine::BeginMicroBatch() {
   Impl& s = *impl_;
   STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
-  if (s.in_micro_batch) ++s.micro_batch;
+  if (s.in_micro_batch) {
+    STRATA_RETURN_IF_ERROR(s.FailHook(s.EndMicroBatch(), "BeginMicroBatch", s.micro_batch));
+    ++s.micro_batch;
+  }
   s.in_micro_batch = true;
   if (s.micro_batch >= s.config.gradient_accumulation_steps) {
     return FailedPreconditionError("engine: " + std::to_string(s.micro_batch + 1) +
                                    " micro-batches without Step(); gradient_accumulation_steps is " +
                                    std::to_string(s.config.gradient_accumulation_steps));
   }
+  s.pending_backward = s.order->uses().backward_uses;
+  std::fill(s.reduced_final.begin(), s.reduced_final.end(), 0);
   return OkStatus();
 }
 
 Status Engine::Impl::CheckModule(int module) const {
-  if (module >= 0 && module < static_cast<int>(modules.size())) return OkStatus();
-  return InvalidArgumentError("engine: module index " + std::to_string(module) + " out of range: the model registered " +
-                              std::to_string(modules.size()) + " modules");
+  if (module >= 0 && module < layout.num_modules()) return OkStatus();
+  return InvalidArgumentError("engine: module index " + std::to_string(module) +
+                              " out of range: the model declared " + std::to_string(layout.num_modules()) +
+                              " modules");
 }
 
 Status Engine::Impl::EnterModule(int module, int pos) {
@@ -38,150 +46,101 @@ Status Engine::Impl::EnterModule(int module, int pos) {
   return OkStatus();
 }
 
-Result<model::ModuleParams> Engine::BeforeForward(int module) {
+ModuleParams Engine::Impl::ParamsOf(int module) {
+  ModuleParams p;
+  p.dtype = compute;
+  for (TensorId id : layout.module_tensors[module]) {
+    const zero::TensorPlace& t = layout.tensors[id];
+    p.tensors.push_back(static_cast<uint8_t*>(ChunkParams(t.chunk)) + t.offset * csize);
+  }
+  return p;
+}
+
+Result<ModuleParams> Engine::Fetch(int module) {
   Impl& s = *impl_;
   STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
   STRATA_RETURN_IF_ERROR(s.CheckModule(module));
   if (!s.in_micro_batch) STRATA_RETURN_IF_ERROR(BeginMicroBatch());
-  STRATA_RETURN_IF_ERROR(s.FailHook(s.EnterModule(module, s.ForwardPos(module)), "BeforeForward", module));
-  if (module == 0 && s.LastMicroBatch()) s.ReadStatesAhead();
-  model::ModuleParams p;
-  p.dtype = s.compute;
-  for (const auto& t : s.layout.tensors[module]) {
-    p.tensors.push_back(static_cast<uint8_t*>(s.ChunkParams(t.chunk)) + t.offset * s.csize);
-  }
+  const int pos = s.order->Note(zero::UseKind::kForward, module);
+  s.open_pos[module] = pos;
+  STRATA_RETURN_IF_ERROR(s.FailHook(s.EnterModule(module, pos), "Fetch", module));
+  if (pos == 0 && s.LastMicroBatch()) s.ReadStatesAhead();
   s.module_start = std::chrono::steady_clock::now();
-  return p;
+  return s.ParamsOf(module);
 }
 
-Status Engine::AfterForward(int module) {
+Status Engine::Release(int module) {
   Impl& s = *impl_;
   STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
   STRATA_RETURN_IF_ERROR(s.CheckModule(module));
-  s.Span(s.track_compute, "forward " + s.modules[module].name, s.module_start);
+  s.Span(s.track_compute, "forward " + s.model.modules[module].name, s.module_start);
   s.TimeModule();
   if (s.stage == 3) {
     // A released gather buffer may be refilled at once: the module's kernels must be done.
-    STRATA_RETURN_IF_ERROR(s.FailHook(s.ops->WaitForModel(), "AfterForward", module));
-    s.ReleaseGathered(module, s.ForwardPos(module));
+    STRATA_RETURN_IF_ERROR(s.FailHook(s.ops->WaitForModel(), "Release", module));
+    s.ReleaseGathered(module, s.open_pos[module]);
   }
   return OkStatus();
 }
 
-Result<model::ModuleBackward> Engine::BeforeBackward(int module) {
+Result<ModuleBackward> Engine::BeginBackward(int module) {
   Impl& s = *impl_;
   STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
   STRATA_RETURN_IF_ERROR(s.CheckModule(module));
-  STRATA_RETURN_IF_ERROR(s.FailHook(s.EnterModule(module, s.BackwardPos(module)), "BeforeBackward", module));
-  model::ModuleBackward b;
-  b.params.dtype = s.compute;
-  b.grads.accumulate = false;
+  if (!s.in_micro_batch) STRATA_RETURN_IF_ERROR(BeginMicroBatch());
+  for (int c : s.layout.module_chunks[module]) {
+    if (!s.reduced_final[c]) continue;
+    return s.FailHook(FailedPreconditionError(
+                          "engine: backward of module \"" + s.model.modules[module].name +
+                          "\" after the gradients of chunk " + std::to_string(c) +
+                          " were reduced for this micro-batch: the recorded call order had no such use with "
+                          "the same forward (a frozen module given a backward?)"),
+                      "BeginBackward", module);
+  }
+  const int pos = s.order->Note(zero::UseKind::kBackward, module);
+  s.open_pos[module] = pos;
+  STRATA_RETURN_IF_ERROR(s.FailHook(s.EnterModule(module, pos), "BeginBackward", module));
   for (int c : s.layout.module_chunks[module]) {
     if (s.grad_bufs.count(c)) continue;
-    // Blocks only until an earlier chunk's reduction hands its buffer back.
-    auto* g = static_cast<float*>(s.grad_pool.Take());
-    for (auto [lo, hi] : s.layout.chunk_gaps[c]) {
-      Status z = s.ops->Zero(zero::OpsLane::kTraining, g + lo, (hi - lo) * 4);
-      if (!z.ok()) {
-        s.grad_pool.Give(g);
-        return s.FailHook(z, "BeforeBackward", module);
-      }
-    }
-    s.grad_bufs[c] = g;
-    s.chunk_pending_modules[c] = s.layout.chunk_module_count[c];
+    STRATA_RETURN_IF_ERROR(s.FailHook(s.HoldGradBuffer(c, module), "BeginBackward", module));
   }
-  for (const auto& t : s.layout.tensors[module]) {
-    b.params.tensors.push_back(static_cast<uint8_t*>(s.ChunkParams(t.chunk)) + t.offset * s.csize);
+  ModuleBackward b;
+  b.params = s.ParamsOf(module);
+  for (TensorId id : s.layout.module_tensors[module]) {
+    const zero::TensorPlace& t = s.layout.tensors[id];
     b.grads.tensors.push_back(s.grad_bufs[t.chunk] + t.offset);
+    b.grads.accumulate.push_back(s.grad_written[id]);
+    s.grad_written[id] = 1;
   }
+  s.open_backward = module;
   s.module_start = std::chrono::steady_clock::now();
   return b;
 }
 
-Status Engine::AfterBackward(int module) {
+Status Engine::EndBackward(int module) {
   Impl& s = *impl_;
   STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
   STRATA_RETURN_IF_ERROR(s.CheckModule(module));
-  s.Span(s.track_compute, "backward " + s.modules[module].name, s.module_start);
+  s.Span(s.track_compute, "backward " + s.model.modules[module].name, s.module_start);
   s.TimeModule();
   // The reductions below read the module's gradients; a released gather buffer may be
   // refilled at once.
-  STRATA_RETURN_IF_ERROR(s.FailHook(s.ops->WaitForModel(), "AfterBackward", module));
-  if (s.stage == 3) s.ReleaseGathered(module, s.BackwardPos(module));
+  STRATA_RETURN_IF_ERROR(s.FailHook(s.ops->WaitForModel(), "EndBackward", module));
+  if (s.stage == 3) s.ReleaseGathered(module, s.open_pos[module]);
+  s.open_backward = -1;
   for (int c : s.layout.module_chunks[module]) {
-    if (--s.chunk_pending_modules[c] > 0) continue;
-    float* g = s.grad_bufs[c];
-    s.grad_bufs.erase(c);
-    // Whether this is the window's last micro-batch is decided here, on the training
-    // thread: the worker may run after the next micro-batch has begun.
-    const bool last = s.LastMicroBatch();
-    const int index = s.micro_batch;
-    s.reduces.push_back(s.comm_worker.Submit([&s, c, g, index, last] { return s.ReduceChunk(c, g, index, last); }));
+    // Final by the recording, and this micro-batch has followed it so far.
+    if (--s.pending_backward[c] > 0 || s.order->diverged()) continue;
+    s.SubmitReduce(c, /*final=*/true);
   }
   // Keep the queue short: drop finished reductions, surfacing their errors now.
   while (!s.reduces.empty() &&
          s.reduces.front().wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
     Status st = s.reduces.front().get();
     s.reduces.pop_front();
-    STRATA_RETURN_IF_ERROR(s.FailHook(st, "AfterBackward", module));
+    STRATA_RETURN_IF_ERROR(s.FailHook(st, "EndBackward", module));
   }
   return OkStatus();
-}
-
-// Runs on comm_worker: reduces one chunk's gradients over the ranks and adds this
-// rank's part to its gradient shard on the optimizer's tier.
-Status Engine::Impl::ReduceChunk(int chunk, float* grad, int micro_batch_index, bool last_micro_batch) {
-  const int64_t chunk_elems = layout.chunk_elems;
-  Status st;
-  if (compute == DType::kFp16) {
-    // fp16 training reduces fp16 gradients: values past the fp16 range become inf here,
-    // which is the overflow the loss scaler reacts to.
-    st = ops->RoundThroughFp16(zero::OpsLane::kReduce, grad, chunk_elems);
-    if (!st.ok()) {
-      grad_pool.Give(grad);
-      return st.WithContext("reducing the gradients of chunk " + std::to_string(chunk));
-    }
-  }
-  int64_t t0 = NowNs();
-  const auto span_start = std::chrono::steady_clock::now();
-  const float* part;
-  if (world_size == 1) {
-    part = grad + opt_offset;
-  } else if (stage <= 1) {
-    st = device_comm->AllReduce(grad, reduce_recv, chunk_elems, DType::kF32, ReduceOp::kSum).Wait();
-    part = reduce_recv + opt_offset;
-    bytes_comm += chunk_elems * 4;
-  } else {
-    st = device_comm->ReduceScatter(grad, reduce_recv, layout.shard_elems, DType::kF32, ReduceOp::kSum).Wait();
-    part = reduce_recv;
-    bytes_comm += chunk_elems * 4;
-  }
-  comm_busy_ns += NowNs() - t0;
-  Span(track_comm, "reduce chunk " + std::to_string(chunk), span_start, chunk_elems * 4);
-  if (st.ok() && grad_tier == ZeroTier::kNvme) {
-    st = AccumulateGradOnNvme(chunk, part, micro_batch_index, last_micro_batch);  // speculates itself
-    grad_pool.Give(grad);
-    return st.WithContext("reducing the gradients of chunk " + std::to_string(chunk));
-  }
-  if (st.ok() && grad_tier == ZeroTier::kHost) {
-    st = CopyToHost(host_recv, part, opt_elems * 4);
-    part = host_recv;
-  }
-  if (st.ok()) st = OpsOn(grad_tier).Accumulate(zero::OpsLane::kReduce, opt[chunk].grad, part, opt_elems);
-  grad_pool.Give(grad);
-  if (!st.ok()) return st.WithContext("reducing the gradients of chunk " + std::to_string(chunk));
-  if (last_micro_batch) MaybeSpeculate(chunk);
-  return OkStatus();
-}
-
-Status Engine::Impl::WaitReduces() {
-  Status first;
-  while (!reduces.empty()) {
-    Status st = reduces.front().get();
-    reduces.pop_front();
-    if (first.ok() && !st.ok()) first = st;
-  }
-  return first;
 }
 
 }  // namespace strata

@@ -2,6 +2,8 @@
 // (gather, gradient reduction) and engine_step.cc (the optimizer).
 #pragma once
 
+#include <oneapi/tbb/task_arena.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -14,36 +16,38 @@
 #include <optional>
 #include <vector>
 
-#include <oneapi/tbb/task_arena.h>
-
 #include "strata/adam.h"
 #include "strata/comm.h"
 #include "strata/engine.h"
 #include "strata/grad_stats.h"
-#include "strata/mlp_kernels.h"
 #include "strata/host_arena.h"
 #include "strata/io.h"
 #include "strata/loss_scaler.h"
+#include "strata/mlp_kernels.h"
 #include "strata/nvme_store.h"
 #include "strata/timeline.h"
 #include "zero/budget_check.h"
 #include "zero/device_ops.h"
 #include "zero/layout.h"
 #include "zero/serial_worker.h"
+#include "zero/trace.h"
 
 namespace strata {
 
 // Monotonic nanoseconds, for the lanes' busy-time counters.
 inline int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
 struct Engine::Impl {
   // --- fixed at creation ---
   Config config;
-  std::vector<model::ModuleSpec> modules;
+  ModelDecl model;
   zero::Layout layout;
+  // The expected call order and this micro-batch's recording (made once layout is).
+  std::optional<zero::CallOrder> order;
   Communicator* world = nullptr;
   // Collectives on device buffers: world on sim (its memory is host memory), the NCCL
   // communicator (EngineResources::device_comm) on cuda; null on cuda at world size 1,
@@ -58,7 +62,7 @@ struct Engine::Impl {
   HostArena* arena = nullptr;
   std::unique_ptr<HostArena> own_arena;
   // The error of a Step() or hook that failed, and which call it was ("Step()",
-  // "AfterBackward(3)"); the engine then trains no more.
+  // "EndBackward(3)"); the engine then trains no more.
   Status failed;
   std::string failed_call;
   Result<StepResult> StepOnce();
@@ -86,18 +90,19 @@ struct Engine::Impl {
   Status CheckHooksDone() const;
   std::unique_ptr<IoEngine> io;
   std::shared_ptr<IoFaultHook> io_fault_hook;  // EngineResources::io_fault_hook (tests)
-  std::unique_ptr<NvmeStore> opt_store;    // master|m|v per chunk, two slots each
-  std::unique_ptr<NvmeStore> param_store;  // 16-bit param shard per chunk (stage 3; not with param_from_master)
-  std::unique_ptr<NvmeStore> grad_store;   // fp32 gradient shard per chunk (grad_tier nvme)
+  std::unique_ptr<NvmeStore> opt_store;        // master|m|v per chunk, two slots each
+  std::unique_ptr<NvmeStore>
+      param_store;  // 16-bit param shard per chunk (stage 3; not with param_from_master)
+  std::unique_ptr<NvmeStore> grad_store;  // fp32 gradient shard per chunk (grad_tier nvme)
   int rank = 0, world_size = 1;
   int stage = 0;
   ZeroTier opt_tier = ZeroTier::kDevice;    // master, m, v
   ZeroTier grad_tier = ZeroTier::kDevice;   // the fp32 gradient shard (nvme: engine_grads.cc)
   ZeroTier param_tier = ZeroTier::kDevice;  // stage 3: the 16-bit shard between uses
   DType compute = DType::kF32;
-  size_t csize = 4;             // bytes per compute element
-  int64_t opt_elems = 0;        // elements of a chunk this rank steps
-  int64_t opt_offset = 0;       // where they start inside the chunk
+  size_t csize = 4;        // bytes per compute element
+  int64_t opt_elems = 0;   // elements of a chunk this rank steps
+  int64_t opt_offset = 0;  // where they start inside the chunk
   bool overlap = true;
   StreamId h2d, d2h, compute_stream;
   EngineLayoutInfo info;
@@ -105,14 +110,15 @@ struct Engine::Impl {
   Timeline* timeline = nullptr;
   int track_compute = 0, track_comm = 0, track_fetch = 0, track_optimizer = 0, track_nvme = 0;
   std::chrono::steady_clock::time_point module_start;
-  void Span(int track, const std::string& name, std::chrono::steady_clock::time_point begin, uint64_t bytes = 0) {
+  void Span(int track, const std::string& name, std::chrono::steady_clock::time_point begin,
+            uint64_t bytes = 0) {
     if (timeline) timeline->Record(track, name, begin, std::chrono::steady_clock::now(), bytes);
   }
-  AdamParams adam;              // hyper-parameters; step/grad_scale set per step
+  AdamParams adam;  // hyper-parameters; step/grad_scale set per step
   std::optional<LossScaler> scaler;
 
   // --- memory ---
-  void* param_full = nullptr;   // stages 0-2: every chunk's compute copy, on the device
+  void* param_full = nullptr;  // stages 0-2: every chunk's compute copy, on the device
   // Stage 3 with the optimizer on a device the host cannot address (cuda): the device
   // Adam's compute copy lands here before it goes to pinned staging (Out16Target).
   void* out16_device = nullptr;
@@ -120,11 +126,11 @@ struct Engine::Impl {
   std::vector<HostBlock> host_blocks;
 
   struct OptChunk {
-    float* state = nullptr;     // master | m | v (opt_elems each), device or host tier
+    float* state = nullptr;  // master | m | v (opt_elems each), device or host tier
     // nvme tier: one slot per piece (sub-group) and version; slot[v][p] holds piece p's
     // master | m | v (PieceElems(p) each).
     std::vector<SlotId> slot[2];
-    int current = 0;            // which slot holds the committed state
+    int current = 0;  // which slot holds the committed state
     // nvme: a committed step whose writes (to slot[1 - current]) may still be in flight;
     // SettleCommit makes it current once they are on disk (or returns their error, with
     // the previous state intact).
@@ -138,7 +144,7 @@ struct Engine::Impl {
     // other slot (nvme), written by the optimizer worker.
     float* pending = nullptr;
     bool has_pending = false;
-    bool speculated = false;    // stepped during backward this step
+    bool speculated = false;  // stepped during backward this step
     std::shared_future<Status> spec_done;
   };
   std::vector<OptChunk> opt;
@@ -147,8 +153,8 @@ struct Engine::Impl {
 
   // Stage 3: the 16-bit shard of each chunk on param_tier.
   struct ParamShard {
-    void* ptr = nullptr;        // device or host tier
-    SlotId slot = 0;            // nvme tier
+    void* ptr = nullptr;  // device or host tier
+    SlotId slot = 0;      // nvme tier
   };
   std::vector<ParamShard> param_shard;
 
@@ -167,8 +173,8 @@ struct Engine::Impl {
   // too small for several whole-chunk sets still keeps reads ahead and writes behind in
   // flight. Touched by one thread at a time: opt_worker during backward, the training
   // thread in Step().
-  int64_t piece_elems = 0;      // elements per piece (the last one may have fewer)
-  int pieces = 1;               // per chunk
+  int64_t piece_elems = 0;  // elements per piece (the last one may have fewer)
+  int pieces = 1;           // per chunk
   int64_t PieceElems(int p) const { return std::min<int64_t>(piece_elems, opt_elems - p * piece_elems); }
   uint64_t PieceBytes(int p) const { return (3 * PieceElems(p) * 4 + 4095) / 4096 * 4096; }
   int PieceKey(int chunk, int p) const { return chunk * pieces + p; }
@@ -187,8 +193,8 @@ struct Engine::Impl {
   struct NvmeWrite {
     IoHandle handle;
     void* buf = nullptr;
-    SlotId slot = 0;  // in opt_store (nvme_writes) or param_store (param_writes)
-    int chunk = -1;   // whose state it writes (nvme_writes)
+    SlotId slot = 0;     // in opt_store (nvme_writes) or param_store (param_writes)
+    int chunk = -1;      // whose state it writes (nvme_writes)
     int64_t epoch = -1;  // nvme_writes: the step_epoch it was issued in
     const char* what = "";
     Status Wait() const { return handle.Wait().WithContext(what); }
@@ -274,33 +280,33 @@ struct Engine::Impl {
   // a buffer is overwritten only once no copy from it is in progress.
   std::mutex fresh_mu;
   std::condition_variable fresh_cv;
-  std::vector<void*> fresh_shard;  // by chunk; nullptr when the disk is the only copy
+  std::vector<void*> fresh_shard;   // by chunk; nullptr when the disk is the only copy
   std::map<void*, int> fresh_lent;  // buffer -> copies from it in progress
   int shards_from_memory = 0;       // this step's (StepResult); training thread
   void* BorrowFresh(int chunk);     // nullptr when none; else ReturnFresh it after the copy
   void ReturnFresh(void* buf);
   void SetFresh(int chunk, void* buf);  // nullptr forgets the chunk's
   void ForgetFreshBuffer(void* buf);    // before buf is overwritten; waits for copies from it
-  uint64_t opt_set_bytes = 0;     // master | m | v of one piece: a staging set, one NVMe slot
-  uint64_t grad_slot_bytes = 0;   // one gradient shard, 4 KiB aligned
+  uint64_t opt_set_bytes = 0;           // master | m | v of one piece: a staging set, one NVMe slot
+  uint64_t grad_slot_bytes = 0;         // one gradient shard, 4 KiB aligned
   int opt_staging_count = 0;
 
   // Stage 3 gathered chunks on the device.
   struct Gathered {
     void* buf = nullptr;
     std::shared_future<Status> ready;
-    int users = 0;              // modules currently between Before and After
+    int users = 0;  // modules currently between Before and After
   };
   std::map<int, Gathered> gathered;
   Pool gather_pool;
   int gather_buffers = 0;
-  int prefetch_modules = 1;   // how far ahead in the trace gathers start (Step(), MeasuredPrefetch)
+  int prefetch_modules = 1;  // how far ahead in the trace gathers start (Step(), MeasuredPrefetch)
   // By chunk: stays gathered from its forward use to its last backward use (keep_plan.h).
   std::vector<uint8_t> kept_chunk;
   // By chunk: stays from its last backward use to its forward use in the next
   // micro-batch of the same step (gradient accumulation; keep_plan.h).
   std::vector<uint8_t> carried_chunk;
-  int gather_evictions = 0;  // this step's (StepResult::gather_evictions); training thread
+  int gather_evictions = 0;      // this step's (StepResult::gather_evictions); training thread
   int max_prefetch_modules = 1;  // what the gather buffers allow
   // Queued NVMe fetches that will take a parameter staging buffer on fetch_worker.
   std::atomic<int> fetches_awaiting_staging{0};
@@ -311,14 +317,20 @@ struct Engine::Impl {
   int64_t module_compute_ns = 0;
   int modules_timed = 0;
 
-  // Gradient chunk buffers (fp32, device) handed to the model during backward.
+  // Gradient chunk buffers (fp32, device) handed to the model during backward, by chunk,
+  // until the chunk is reduced (engine_reduce.cc).
   std::map<int, float*> grad_bufs;
   Pool grad_pool;
   int grad_buffers = 0;
-  std::vector<int> chunk_pending_modules;  // modules still to finish backward per chunk
-  float* reduce_recv = nullptr;             // device staging for one reduced chunk/shard
-  float* host_recv = nullptr;               // host staging for gradients on the host tier
-  Pool grad_host;                           // grad_tier nvme: pinned shards on their way to disk
+  std::vector<int> pending_backward;       // by chunk: backward uses the recording still expects
+  std::vector<uint8_t> reduced_final;      // by chunk: its final reduction of this micro-batch is issued
+  std::vector<uint8_t> reduced_in_window;  // by chunk: reduced at least once since the last Step()
+  std::vector<uint8_t> grad_written;       // by tensor: written since its chunk's buffer was taken
+  std::vector<int> open_pos;               // by module: trace position of its latest use
+  int open_backward = -1;                  // the module between BeginBackward and EndBackward
+  float* reduce_recv = nullptr;            // device staging for one reduced chunk/shard
+  float* host_recv = nullptr;              // host staging for gradients on the host tier
+  Pool grad_host;                          // grad_tier nvme: pinned shards on their way to disk
   int grad_host_count = 0;
 
   // --- threads ---
@@ -333,7 +345,7 @@ struct Engine::Impl {
   std::deque<std::shared_future<Status>> fetches;
 
   // --- per-step state ---
-  int micro_batch = 0;          // index within the accumulation window
+  int micro_batch = 0;  // index within the accumulation window
   bool in_micro_batch = false;
   int64_t step_count = 0;
   // Step() calls that returned, skipped ones included (step_count leaves those out): tags
@@ -341,8 +353,7 @@ struct Engine::Impl {
   // Step() returned undoes that whole step (RollBackEpoch).
   int64_t step_epoch = 0;
   std::atomic<int> speculative_count{0};
-  std::atomic<uint64_t> bytes_nvme_read{0}, bytes_nvme_written{0}, bytes_h2d{0}, bytes_d2h{0},
-      bytes_comm{0};
+  std::atomic<uint64_t> bytes_nvme_read{0}, bytes_nvme_written{0}, bytes_h2d{0}, bytes_d2h{0}, bytes_comm{0};
   std::atomic<int64_t> opt_busy_ns{0}, comm_busy_ns{0}, io_busy_ns{0};
 
   // --- engine.cc ---
@@ -400,14 +411,12 @@ struct Engine::Impl {
   uint64_t PlanGatherBuffers(const MemoryPlan& plan, uint64_t room);
 
   // --- engine_gather.cc (stage 3) ---
-  // Positions in one micro-batch's trace: forward 0..L, then backward L..0.
-  int ForwardPos(int module) const { return module; }
-  int BackwardPos(int module) const { return 2 * static_cast<int>(modules.size()) - 1 - module; }
   void* ChunkParams(int chunk);  // compute copy of a chunk (stage 3: gathered)
   Status EnsureGathered(int chunk);
   void TimeModule() {
-    module_compute_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
-                                                                              module_start).count();
+    module_compute_ns +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - module_start)
+            .count();
     ++modules_timed;
   }
   // The prefetch depth this step's measurements ask for (prefetch_depth.h); clears them.
@@ -435,17 +444,29 @@ struct Engine::Impl {
 
   // --- engine_hooks.cc ---
   Status CheckModule(int module) const;  // InvalidArgument naming the index and the count
+  ModuleParams ParamsOf(int module);     // the compute copies of the module's tensors
   // Stage 3: gathers the module's chunks (waiting for them) and starts the prefetch after
   // trace position `pos`. Other stages: nothing to do.
   Status EnterModule(int module, int pos);
-  Status ReduceChunk(int chunk, float* grad, int micro_batch_index, bool last_micro_batch);
+
+  // --- engine_reduce.cc ---
+  // Takes a gradient buffer for `chunk` (module: the one asking, whose chunks are not
+  // reduced early to free one), zeroes its padding and marks its tensors unwritten.
+  Status HoldGradBuffer(int chunk, int module);
+  // Queues the reduction of the chunk's held buffer on comm_worker; final: no more
+  // backward uses of it in this micro-batch.
+  void SubmitReduce(int chunk, bool final);
+  // Reduces what is still held and, in the window's last micro-batch, every chunk not
+  // yet final; records the call order (a change is logged).
+  Status EndMicroBatch();
+  Status ReduceChunk(int chunk, float* grad, bool first_in_window, bool last_micro_batch);
   Status WaitReduces();
 
   // --- engine_grads.cc (grad_tier nvme) ---
   Status OpenGradStore();
   // Adds this rank's reduced part (device memory) into the chunk's shard on NVMe; after
   // the last micro-batch, records its stats and starts its speculative step.
-  Status AccumulateGradOnNvme(int chunk, const float* part, int micro_batch_index, bool last_micro_batch);
+  Status AccumulateGradOnNvme(int chunk, const float* part, bool first_in_window, bool last_micro_batch);
 
   // --- engine_step.cc ---
   bool LastMicroBatch() const { return micro_batch + 1 == config.gradient_accumulation_steps; }
@@ -459,8 +480,8 @@ struct Engine::Impl {
   // Optimizer in memory (device/host tiers): publish false updates the state only;
   // *updated tells whether the state now holds the new step, even when the call failed
   // (its parameters could not be published). Ignored on the NVMe tier.
-  Status StepChunk(int chunk, float grad_scale, bool speculative, int next_chunk = -1, const float* grad = nullptr,
-                   bool publish = true, bool* updated = nullptr);
+  Status StepChunk(int chunk, float grad_scale, bool speculative, int next_chunk = -1,
+                   const float* grad = nullptr, bool publish = true, bool* updated = nullptr);
   Status StepChunkNvme(int chunk, float grad_scale, bool speculative, int next_chunk, const float* grad);
   Status CommitChunk(int chunk);
   Status DiscardChunk(int chunk);

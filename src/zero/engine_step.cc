@@ -52,8 +52,8 @@ Status Engine::Impl::PublishParams(int chunk, const void* src, bool from_host) {
   return OkStatus();
 }
 
-Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, int next_chunk, const float* grad,
-                               bool publish, bool* updated) {
+Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, int next_chunk,
+                               const float* grad, bool publish, bool* updated) {
   if (opt_tier == ZeroTier::kNvme) return StepChunkNvme(chunk, grad_scale, speculative, next_chunk, grad);
   OptChunk& o = opt[chunk];
   if (grad == nullptr) grad = o.grad;
@@ -93,7 +93,8 @@ Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, in
     if (updated) *updated = s.ok();
   }
   opt_busy_ns += NowNs() - t0;
-  Span(track_optimizer, std::string(speculative ? "step (speculative) chunk " : "step chunk ") + std::to_string(chunk),
+  Span(track_optimizer,
+       std::string(speculative ? "step (speculative) chunk " : "step chunk ") + std::to_string(chunk),
        span_start);
   if (s.ok() && publish) s = PublishParams(chunk, out, on_host);
   if (on_host) param_staging.Give(out);
@@ -115,7 +116,8 @@ void Engine::Impl::MaybeSpeculate(int chunk, const float* grad, std::function<St
       if (grad == nullptr) {
         const auto check_start = std::chrono::steady_clock::now();
         const GradShard shard{GradView{opt[chunk].grad, DType::kF32}, static_cast<size_t>(opt_elems)};
-        auto stats = OpsOn(grad_tier).ComputeStats(zero::OpsLane::kOptimizer, {&shard, 1}, &speculation_arena);
+        auto stats =
+            OpsOn(grad_tier).ComputeStats(zero::OpsLane::kOptimizer, {&shard, 1}, &speculation_arena);
         Span(track_optimizer, "grad check (speculative) chunk " + std::to_string(chunk), check_start);
         if (!stats.ok()) return stats.status();
         if (stats->has_inf_nan) return OkStatus();  // this step will be skipped anyway
@@ -190,7 +192,8 @@ Status Engine::Impl::RestoreParams(int chunk) {
   } else {
     model::FromFloat(master.data(), opt_elems, compute, rounded);
   }
-  Status s = on_host ? OkStatus() : ops->WriteFromHost(zero::OpsLane::kTraining, out, rounded, opt_elems * csize);
+  Status s =
+      on_host ? OkStatus() : ops->WriteFromHost(zero::OpsLane::kTraining, out, rounded, opt_elems * csize);
   if (s.ok()) s = PublishParams(chunk, out, on_host);
   if (on_host) param_staging.Give(out);
   return s;
@@ -237,7 +240,8 @@ Result<GradStats> Engine::Impl::LocalGradStats() {
     return all;
   }
   std::vector<GradShard> shards;
-  for (const auto& o : opt) shards.push_back(GradShard{GradView{o.grad, DType::kF32}, static_cast<size_t>(opt_elems)});
+  for (const auto& o : opt)
+    shards.push_back(GradShard{GradView{o.grad, DType::kF32}, static_cast<size_t>(opt_elems)});
   return OpsOn(grad_tier).ComputeStats(zero::OpsLane::kTraining, shards);
 }
 
@@ -248,7 +252,8 @@ Status Engine::Impl::AllGatherParams() {
     uint8_t* chunk = static_cast<uint8_t*>(param_full) + c * layout.chunk_elems * csize;
     done.push_back(comm_worker.Submit([this, chunk] {
       int64_t t0 = NowNs();
-      Status s = device_comm->AllGather(chunk + opt_offset * csize, chunk, layout.shard_elems, compute).Wait();
+      Status s =
+          device_comm->AllGather(chunk + opt_offset * csize, chunk, layout.shard_elems, compute).Wait();
       comm_busy_ns += NowNs() - t0;
       bytes_comm += layout.chunk_elems * csize;
       return s;
@@ -279,7 +284,8 @@ void Engine::Impl::MarkFailed(const Status& why, std::string call) {
   const std::string what = failed_call + " failed (" + failed.ToString() + ")";
   if (world != nullptr && world->size() > 1) world->PostFailure(what);
   // The peers may be waiting in a device collective (NCCL), which watches its own board.
-  if (device_comm != nullptr && device_comm != world && device_comm->size() > 1) device_comm->PostFailure(what);
+  if (device_comm != nullptr && device_comm != world && device_comm->size() > 1)
+    device_comm->PostFailure(what);
 }
 
 Status Engine::Impl::FailBehind(Status st) {
@@ -315,6 +321,9 @@ void Engine::Impl::AbandonStep(const Status& why, std::string call, int64_t step
   // Reductions still queued would go on writing gradient shards and speculating. Their
   // errors are this failure's consequences: the first one was reported.
   (void)WaitReduces();
+  for (auto& [chunk, g] : grad_bufs) grad_pool.Give(g);
+  grad_bufs.clear();
+  open_backward = -1;
   opt_worker.Drain();
   for (auto& o : opt) {
     if (o.spec_done.valid()) (void)o.spec_done.get();
@@ -345,6 +354,7 @@ Result<StepResult> Engine::Impl::StepOnce() {
   StepResult r;
   const int64_t t_start = NowNs();
   r.loss_scale = s.scaler->scale();
+  if (s.in_micro_batch) STRATA_RETURN_IF_ERROR(s.EndMicroBatch());
   STRATA_RETURN_IF_ERROR(s.WaitReduces());
   s.opt_worker.Drain();
   for (auto& o : s.opt) {
@@ -443,10 +453,12 @@ Result<StepResult> Engine::Impl::StepOnce() {
     if (!dropped.ok()) STRATA_LOG(kWarn, "engine") << "unused optimizer state read: " << dropped.ToString();
   }
   r.speculative_steps = s.speculative_count.exchange(0);
+  std::fill(s.reduced_in_window.begin(), s.reduced_in_window.end(), 0);
   for (auto& o : s.opt) {
     o.speculated = false;
     // nvme: the next first micro-batch overwrites.
-    if (o.grad) STRATA_RETURN_IF_ERROR(s.OpsOn(s.grad_tier).Zero(zero::OpsLane::kTraining, o.grad, s.opt_elems * 4));
+    if (o.grad)
+      STRATA_RETURN_IF_ERROR(s.OpsOn(s.grad_tier).Zero(zero::OpsLane::kTraining, o.grad, s.opt_elems * 4));
   }
   STRATA_RETURN_IF_ERROR(s.scaler->Update(overflow));
   s.micro_batch = 0;
@@ -470,9 +482,14 @@ Result<StepResult> Engine::Impl::StepOnce() {
   return r;
 }
 
-Status Engine::GatherMaster(int module, int tensor, std::vector<float>* out) {
+Status Engine::GatherMaster(TensorId tensor, std::vector<float>* out) {
   Impl& s = *impl_;
-  const zero::TensorPlace& t = s.layout.tensors.at(module).at(tensor);
+  if (tensor < 0 || tensor >= static_cast<int>(s.layout.tensors.size())) {
+    return InvalidArgumentError("engine: GatherMaster of tensor id " + std::to_string(tensor) +
+                                ": the model declared " + std::to_string(s.layout.tensors.size()) +
+                                " tensors");
+  }
+  const zero::TensorPlace& t = s.layout.tensors[tensor];
   // This rank's master values of the chunk, placed in a zeroed full chunk, summed over
   // the ranks (each position is owned by exactly one rank; stage 0: rank 0's copy).
   std::vector<float> full(s.layout.chunk_elems, 0.0f);
@@ -481,13 +498,14 @@ Status Engine::GatherMaster(int module, int tensor, std::vector<float>* out) {
     if (s.opt_tier == ZeroTier::kNvme) {
       // The optimizer worker owns the staging pool and the writes during a micro-batch.
       // A reduction that failed leaves the window without its gradients, as in a hook.
-      STRATA_RETURN_IF_ERROR(s.FailHook(s.WaitReduces(), "GatherMaster", module));
+      STRATA_RETURN_IF_ERROR(s.FailHook(s.WaitReduces(), "GatherMaster", tensor));
       s.opt_worker.Drain();
       STRATA_RETURN_IF_ERROR(s.FailBehind(s.WaitNvmeWrites(/*report=*/s.failed.ok())));
       STRATA_RETURN_IF_ERROR(s.ReadMaster(t.chunk, full.data() + s.opt_offset));
     } else {
-      STRATA_RETURN_IF_ERROR(s.OpsOn(s.opt_tier).ReadToHost(zero::OpsLane::kTraining, full.data() + s.opt_offset,
-                                                            o.state, s.opt_elems * 4));
+      STRATA_RETURN_IF_ERROR(
+          s.OpsOn(s.opt_tier)
+              .ReadToHost(zero::OpsLane::kTraining, full.data() + s.opt_offset, o.state, s.opt_elems * 4));
     }
   }
   if (s.world_size > 1) {

@@ -13,12 +13,9 @@
 #include <vector>
 
 #include "zero/layout.h"
+#include "zero/trace.h"
 
 namespace strata::zero {
-
-// The module at trace position `pos` of a micro-batch (forward 0..L-1, backward
-// L..2L-1) of `num_modules` modules.
-inline int ModuleAt(int pos, int num_modules) { return pos < num_modules ? pos : 2 * num_modules - 1 - pos; }
 
 struct KeepPlan {
   std::vector<uint8_t> kept;  // by chunk: stays gathered until its last backward use
@@ -27,40 +24,40 @@ struct KeepPlan {
   int total() const { return persistent + reused; }
 };
 
-// Parameters the trace touches between a chunk's last forward use and its first backward
-// use: the modules after its last one, once forward and once backward.
-std::vector<int64_t> ReuseDistances(const Layout& l);
+// Parameters the trace touches between a chunk's last use before the backward begins and
+// its next use (in the plain order: the modules after its last one, once forward and once
+// backward); INT64_MAX for a chunk with no such pair of uses.
+std::vector<int64_t> ReuseDistances(const Layout& l, const Trace& trace);
 
 // Chunks whose tensors all have fewer than `persistence_threshold` elements are kept
 // whatever the budget (threshold 0: none). Then, in increasing reuse distance (ties: the
 // higher chunk, which backward reaches first), chunks within `max_reuse_distance` while
 // `spare_buffers` last.
-KeepPlan PlanKeep(const Layout& l, uint64_t max_reuse_distance, uint64_t persistence_threshold,
-                  int spare_buffers);
+KeepPlan PlanKeep(const Layout& l, const Trace& trace, uint64_t max_reuse_distance,
+                  uint64_t persistence_threshold, int spare_buffers);
 
-// Parameters the trace touches between a chunk's last backward use in one micro-batch
-// and its first forward use in the next (gradient accumulation): the modules before its
-// first one, once backward and once forward.
-std::vector<int64_t> CarryDistances(const Layout& l);
+// Parameters the trace touches between a chunk's last use in one micro-batch and its
+// first use in the next (gradient accumulation); in the plain order the modules before
+// its first one, once backward and once forward.
+std::vector<int64_t> CarryDistances(const Layout& l, const Trace& trace);
 
 // The `count` chunks of least carry distance within `max_reuse_distance` (ties: the
 // lower chunk, which forward reaches first).
-std::vector<uint8_t> PlanCarry(const Layout& l, uint64_t max_reuse_distance, int count);
+std::vector<uint8_t> PlanCarry(const Layout& l, const Trace& trace, uint64_t max_reuse_distance, int count);
 
-// Whether gathered chunk `c`, which no module uses now, stays gathered after the module
-// at trace position `pos` (forward 0..L-1, backward L..2L-1) ran, the prefetch window
-// aside: a kept chunk until the backward of the first module using it; a carried chunk
-// from then on (unless this is the last micro-batch before the step), and in the next
-// micro-batch's forward until the last module using it.
-bool StaysGathered(const Layout& l, const std::vector<uint8_t>& kept, const std::vector<uint8_t>& carried,
-                   int c, int pos, bool last_micro_batch);
+// Whether gathered chunk `c`, which no module uses now, stays gathered after the use at
+// trace position `pos` ran, the prefetch window aside: a kept chunk until its last use; a
+// carried chunk from then on (unless this is the last micro-batch before the step), and
+// before the backward begins until its last use there.
+bool StaysGathered(const ChunkUses& uses, const std::vector<uint8_t>& kept,
+                   const std::vector<uint8_t>& carried, int c, int pos, bool last_micro_batch);
 
 // The most chunks gathered at once over `micro_batches` micro-batches of the trace when
 // each module gathers its chunks and those of the next `window` modules (within its
 // micro-batch) and releases what neither the window nor StaysGathered holds: the gather
 // buffers the engine needs (engine_gather.cc follows the same rules). Three micro-batches
 // stand for any more (the middle ones repeat).
-int PeakGathered(const Layout& l, const std::vector<uint8_t>& kept, int window,
+int PeakGathered(const Layout& l, const Trace& trace, const std::vector<uint8_t>& kept, int window,
                  const std::vector<uint8_t>& carried = {}, int micro_batches = 1);
 
 }  // namespace strata::zero

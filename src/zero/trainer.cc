@@ -18,7 +18,7 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 }
 
 // Forwards the hooks to the engine and adds up the time spent inside them.
-class TimedHooks : public model::MlpHooks {
+class TimedHooks : public ModuleHooks {
  public:
   TimedHooks(Engine& engine, const TrainSpec& spec)
       : engine_(engine), before_backward_(spec.before_backward), check_stop_(spec.check_stop) {}
@@ -38,19 +38,26 @@ class TimedHooks : public model::MlpHooks {
   const std::function<Status()>& check_stop_;
 
  public:
-  Result<model::ModuleParams> BeforeForward(int m) override { return Time([&] { return engine_.BeforeForward(m); }); }
-  Status AfterForward(int m) override { return Time([&] { return engine_.AfterForward(m); }); }
-  Result<model::ModuleBackward> BeforeBackward(int m) override {
-    auto r = Time([&] { return engine_.BeforeBackward(m); });
+  Result<ModuleParams> Fetch(int m) override {
+    return Time([&] { return engine_.Fetch(m); });
+  }
+  Status Release(int m) override {
+    return Time([&] { return engine_.Release(m); });
+  }
+  Result<ModuleBackward> BeginBackward(int m) override {
+    auto r = Time([&] { return engine_.BeginBackward(m); });
     if (r.ok() && before_backward_) before_backward_(m);
     return r;
   }
-  Status AfterBackward(int m) override { return Time([&] { return engine_.AfterBackward(m); }); }
+  Status EndBackward(int m) override {
+    return Time([&] { return engine_.EndBackward(m); });
+  }
 };
 
 }  // namespace
 
-Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Config& config, const TrainSpec& spec,
+Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Config& config,
+                                 const TrainSpec& spec,
                                  const std::function<void(const TrainLog& log)>& on_step) {
   // The model computes where the engine keeps its parameters (CPU kernels on sim, CUDA
   // kernels on the engine's compute stream on a GPU).
@@ -72,8 +79,8 @@ Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Conf
       STRATA_RETURN_IF_ERROR(data.Fill(slice, &batch));
       STRATA_RETURN_IF_ERROR(engine.BeginMicroBatch());
       // Dividing by G / scale multiplies the loss (and every gradient) by the loss scale.
-      STRATA_ASSIGN_OR_RETURN(double l,
-                              mlp.ForwardBackward(batch, static_cast<double>(slice.GlobalBatchSize()) / scale, hooks));
+      STRATA_ASSIGN_OR_RETURN(
+          double l, mlp.ForwardBackward(batch, static_cast<double>(slice.GlobalBatchSize()) / scale, hooks));
       loss += l / scale;
     }
     auto t1 = std::chrono::steady_clock::now();
@@ -103,8 +110,7 @@ Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Conf
 }
 
 Result<ReferenceRun> TrainReference(const Config& config, const TrainSpec& spec, int world_size) {
-  const DType compute = config.bf16 ? DType::kBf16
-                               : config.fp16.enabled ? DType::kFp16 : DType::kF32;
+  const DType compute = config.bf16 ? DType::kBf16 : config.fp16.enabled ? DType::kFp16 : DType::kF32;
   model::Mlp mlp(spec.model);
   model::DenseMlp dense(spec.model, compute);
   model::SyntheticData data(spec.model, spec.data);
@@ -143,12 +149,14 @@ Result<ReferenceRun> TrainReference(const Config& config, const TrainSpec& spec,
       // each rank's part separately, rounds it, and sums them in rank order.
       const bool per_rank = compute == DType::kFp16;
       for (int r = 0; r < (per_rank ? world_size : 1); ++r) {
-        model::BatchSlice slice = per_rank ? model::BatchSlice{step, r, world_size, mb, accum, spec.micro_batch}
-                                           : model::BatchSlice{step, 0, 1, mb, accum, spec.micro_batch * world_size};
+        model::BatchSlice slice =
+            per_rank ? model::BatchSlice{step, r, world_size, mb, accum, spec.micro_batch}
+                     : model::BatchSlice{step, 0, 1, mb, accum, spec.micro_batch * world_size};
         STRATA_RETURN_IF_ERROR(data.Fill(slice, &batch));
         dense.set_accumulate(false);
         STRATA_ASSIGN_OR_RETURN(
-            double l, mlp.ForwardBackward(batch, static_cast<double>(slice.GlobalBatchSize()) / scale, dense));
+            double l,
+            mlp.ForwardBackward(batch, static_cast<double>(slice.GlobalBatchSize()) / scale, dense));
         loss += l / scale;
         for (int k = 0; k < n_mod; ++k) {
           for (size_t t = 0; t < acc[k].size(); ++t) {

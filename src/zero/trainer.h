@@ -19,7 +19,7 @@ struct TrainSpec {
   model::DataSpec data;
   int steps = 20;
   int64_t micro_batch = 4;  // per rank
-  // Test instrumentation: called on the training thread once the engine's BeforeBackward
+  // Test instrumentation: called on the training thread once the engine's BeginBackward
   // hook of module `m` returned, before the module's backward runs. Empty: nothing.
   std::function<void(int m)> before_backward;
   // Called on the training thread as step `step` begins (end false: before its first
@@ -53,7 +53,8 @@ struct TrainLog {
 // `world` (host collectives, issued after each Step).
 // `on_step`, when given, is called on every rank after each step, once its global
 // loss is in `log` (log.losses.size() == step + 1): live progress.
-Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Config& config, const TrainSpec& spec,
+Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Config& config,
+                                 const TrainSpec& spec,
                                  const std::function<void(const TrainLog& log)>& on_step = {});
 
 // The reference: a DenseMlp holding fp32 master parameters (and the 16-bit compute copy

@@ -11,7 +11,8 @@
 namespace strata {
 namespace {
 
-std::unique_ptr<Communicator> MakeWorld(const std::string& name, double timeout_s, bool one_node_per_rank = false) {
+std::unique_ptr<Communicator> MakeWorld(const std::string& name, double timeout_s,
+                                        bool one_node_per_rank = false) {
   CommOptions o;
   o.name = name;
   o.collective_timeout_s = timeout_s;
@@ -140,7 +141,7 @@ void ExpectAPostedFailureEndsThePeersWait(bool one_node_per_rank, const std::str
 }
 
 TEST(Watchdog, APostedFailureEndsThePeersWaitAtOnce) {
-  ExpectAPostedFailureEndsThePeersWait(false, "BeforeForward(2) failed (IoError: the disk went away)");
+  ExpectAPostedFailureEndsThePeersWait(false, "Fetch(2) failed (IoError: the disk went away)");
 }
 
 TEST(Watchdog, APostedFailureReachesRanksOnOtherNodes) {

@@ -270,7 +270,7 @@ TEST_F(MlpGpuTest, GeluAndLossMatchCpu) {
 }
 
 // Parameters and gradients of a DenseMlp, copied to the device, as hooks for the CUDA driver.
-class DeviceHooks : public MlpHooks {
+class DeviceHooks : public ModuleHooks {
  public:
   DeviceHooks(DenseMlp& dense, std::function<float*(const std::vector<float>&)> upload) {
     for (int m = 0; m < dense.num_modules(); ++m) {
@@ -280,12 +280,12 @@ class DeviceHooks : public MlpHooks {
       for (auto& g : dense.grads(m)) grads_.back().push_back(upload(std::vector<float>(g.size(), 0.0f)));
     }
   }
-  Result<ModuleParams> BeforeForward(int m) override {
+  Result<ModuleParams> Fetch(int m) override {
     return ModuleParams{DType::kF32, {params_[m][0], params_[m][1]}};
   }
-  Result<ModuleBackward> BeforeBackward(int m) override {
+  Result<ModuleBackward> BeginBackward(int m) override {
     return ModuleBackward{ModuleParams{DType::kF32, {params_[m][0], params_[m][1]}},
-                          ModuleGrads{{grads_[m][0], grads_[m][1]}, false}};
+                          ModuleGrads{{grads_[m][0], grads_[m][1]}, {0, 0}}};
   }
   std::vector<std::vector<float*>> params_, grads_;
 };

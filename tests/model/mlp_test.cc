@@ -48,24 +48,24 @@ double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // Records the hook calls and forwards to a DenseMlp.
-class RecordingHooks : public MlpHooks {
+class RecordingHooks : public ModuleHooks {
  public:
   explicit RecordingHooks(DenseMlp& dense) : dense_(dense) {}
-  Result<ModuleParams> BeforeForward(int m) override {
+  Result<ModuleParams> Fetch(int m) override {
     log += "F" + std::to_string(m);
     if (fail_at == log.size()) return UnavailableError("injected");
-    return dense_.BeforeForward(m);
+    return dense_.Fetch(m);
   }
-  Status AfterForward(int m) override {
+  Status Release(int m) override {
     log += "f" + std::to_string(m);
     return OkStatus();
   }
-  Result<ModuleBackward> BeforeBackward(int m) override {
+  Result<ModuleBackward> BeginBackward(int m) override {
     log += "B" + std::to_string(m);
     if (fail_at == log.size()) return UnavailableError("injected");
-    return dense_.BeforeBackward(m);
+    return dense_.BeginBackward(m);
   }
-  Status AfterBackward(int m) override {
+  Status EndBackward(int m) override {
     log += "b" + std::to_string(m);
     return OkStatus();
   }
@@ -210,6 +210,45 @@ TEST(MlpTest, HalfBatchesWithGlobalNormaliserSumToFullBatch) {
       ASSERT_TRUE(mlp.ForwardBackward(micro, 32, acc).ok());
     }
     EXPECT_LT(MaxDiff(Flat(acc), g_full), 1e-5 * MaxAbs(g_full)) << LossKindName(loss);
+  }
+}
+
+// Hooks whose weight gradients add to what they hold and whose bias gradients are
+// overwritten (a tied weight's second use beside an untied bias).
+class MixedAccumulate : public ModuleHooks {
+ public:
+  explicit MixedAccumulate(DenseMlp& dense) : dense_(dense) {}
+  Result<ModuleParams> Fetch(int m) override { return dense_.Fetch(m); }
+  Result<ModuleBackward> BeginBackward(int m) override {
+    STRATA_ASSIGN_OR_RETURN(ModuleBackward bw, dense_.BeginBackward(m));
+    bw.grads.accumulate = {1, 0};
+    return bw;
+  }
+
+ private:
+  DenseMlp& dense_;
+};
+
+TEST(MlpTest, PerTensorAccumulateFlagsAreHonoured) {
+  const MlpSpec spec = Spec(LossKind::kMse);
+  Mlp mlp(spec);
+  const Batch batch = SyntheticData(spec).Make(BatchSlice{0, 0, 1, 0, 1, 8}).value();
+  DenseMlp fresh(spec);
+  ASSERT_TRUE(mlp.ForwardBackward(batch, 8, fresh).ok());
+  DenseMlp mixed(spec);
+  for (int m = 0; m < mixed.num_modules(); ++m) {
+    std::fill(mixed.grads(m)[0].begin(), mixed.grads(m)[0].end(), 1.0f);
+    std::fill(mixed.grads(m)[1].begin(), mixed.grads(m)[1].end(), 5.0f);
+  }
+  MixedAccumulate hooks(mixed);
+  ASSERT_TRUE(mlp.ForwardBackward(batch, 8, hooks).ok());
+  for (int m = 0; m < mixed.num_modules(); ++m) {
+    for (size_t i = 0; i < fresh.grads(m)[0].size(); ++i) {
+      // The kernel adds each product into the old value, so the sum rounds in another order.
+      ASSERT_NEAR(mixed.grads(m)[0][i], 1.0f + fresh.grads(m)[0][i], 1e-6f)
+          << "weight " << m << " [" << i << "]";
+    }
+    EXPECT_EQ(mixed.grads(m)[1], fresh.grads(m)[1]) << "bias " << m << " is overwritten";
   }
 }
 

@@ -22,20 +22,23 @@ MlpSpec Spec(LossKind loss = LossKind::kMse) {
 }
 
 TEST(ModelSpecTest, ModulesInExecutionOrderWithShapes) {
-  const std::vector<ModuleSpec> modules = MlpModules(Spec());
-  ASSERT_EQ(modules.size(), 3u);
-  EXPECT_EQ(modules[0].name, "layer0");
-  ASSERT_EQ(modules[0].tensors.size(), 2u);
-  EXPECT_EQ(modules[0].tensors[0].name, "layer0.weight");
-  EXPECT_EQ(modules[0].tensors[0].shape, (std::vector<int64_t>{20, 12}));
-  EXPECT_EQ(modules[0].tensors[1].name, "layer0.bias");
-  EXPECT_EQ(modules[0].tensors[1].shape, (std::vector<int64_t>{20}));
-  EXPECT_EQ(modules[1].tensors[0].shape, (std::vector<int64_t>{8, 20}));
-  EXPECT_EQ(modules[2].tensors[0].shape, (std::vector<int64_t>{5, 8}));
+  const ModelDecl model = MlpModules(Spec());
+  ASSERT_TRUE(ValidateModel(model).ok());
+  ASSERT_EQ(model.modules.size(), 3u);
+  ASSERT_EQ(model.tensors.size(), 6u);
+  EXPECT_EQ(model.modules[0].name, "layer0");
+  ASSERT_EQ(model.modules[0].tensors, (std::vector<TensorId>{0, 1}));
+  EXPECT_EQ(model.modules[2].tensors, (std::vector<TensorId>{MlpTensorId(2, 0), MlpTensorId(2, 1)}));
+  EXPECT_EQ(model.tensors[0].name, "layer0.weight");
+  EXPECT_EQ(model.tensors[0].shape, (std::vector<int64_t>{20, 12}));
+  EXPECT_EQ(model.tensors[1].name, "layer0.bias");
+  EXPECT_EQ(model.tensors[1].shape, (std::vector<int64_t>{20}));
+  EXPECT_EQ(model.tensors[2].shape, (std::vector<int64_t>{8, 20}));
+  EXPECT_EQ(model.tensors[4].shape, (std::vector<int64_t>{5, 8}));
   EXPECT_EQ(MlpParameterCount(Spec()), 20 * 12 + 20 + 8 * 20 + 8 + 5 * 8 + 5);
   MlpSpec linear = Spec();
   linear.hidden.clear();
-  EXPECT_EQ(MlpModules(linear).size(), 1u);
+  EXPECT_EQ(MlpModules(linear).modules.size(), 1u);
 }
 
 TEST(ModelSpecTest, ValidateRejectsBadDimensions) {
@@ -65,10 +68,10 @@ TEST(ModelSpecTest, SpecForParamsIsCloseToTarget) {
 
 TEST(ModelInitTest, SlicesEqualWholeAndFollowPyTorchBounds) {
   const MlpSpec spec = Spec();
-  const std::vector<ModuleSpec> modules = MlpModules(spec);
+  const ModelDecl model = MlpModules(spec);
   for (int m = 0; m < 3; ++m) {
     for (int t = 0; t < 2; ++t) {
-      const int64_t n = modules[m].tensors[t].numel();
+      const int64_t n = model.tensors[MlpTensorId(m, t)].numel();
       std::vector<float> whole(n), pieces(n);
       InitTensorSlice(spec, m, t, 0, n, whole.data());
       // Cut into uneven slices, as ZeRO shards would.
@@ -106,7 +109,7 @@ TEST(ModelInitTest, SlicesEqualWholeAndFollowPyTorchBounds) {
 
 TEST(ModelInitTest, LargeTensorIndependentOfThreadCount) {
   const MlpSpec spec = MlpSpecForParams(2e6, 1, 1000, 10, LossKind::kMse, 7);
-  const int64_t n = MlpModules(spec)[0].tensors[0].numel();
+  const int64_t n = MlpModules(spec).tensors[0].numel();
   std::vector<float> a(n), b(n);
   {
     tbb::global_control one(tbb::global_control::max_allowed_parallelism, 1);

@@ -19,7 +19,7 @@
 //    its gathers for the step were waited for by their hooks and, with one micro-batch
 //    per step, nothing gathers it again before Step(). For a chunk not yet finished in
 //    the last micro-batch (a module at or below m): its reduction, which reads the
-//    gradient shard back to add to it, is not submitted before AfterBackward of its
+//    gradient shard back to add to it, is not submitted before EndBackward of its
 //    lowest module. WaitForReductions puts the shards the earlier reductions wrote on
 //    disk first.
 
@@ -172,7 +172,7 @@ struct Flip {
 };
 
 // When to flip: at the start of `step`, or (module >= 0) in its backward, once
-// BeforeBackward(module) of micro-batch `micro_batch` returned.
+// BeginBackward(module) of micro-batch `micro_batch` returned.
 struct Plan {
   Kind kind;
   int step = 1;
@@ -180,19 +180,28 @@ struct Plan {
   int micro_batch = 0;
 };
 
+// The lowest module using each chunk (the MLP's modules use them in ascending order).
+std::vector<int> FirstModules(const zero::Layout& l) {
+  std::vector<int> first(l.num_chunks, -1);
+  for (int m = l.num_modules() - 1; m >= 0; --m) {
+    for (int c : l.module_chunks[m]) first[c] = m;
+  }
+  return first;
+}
+
 // Draws when to flip for `kind`: a step after the first; for the flips in the backward
 // (their scenarios run one micro-batch with overlap off, or accumulate), a module that
 // leaves a candidate chunk (ChooseTarget).
 Plan DrawPlan(Kind kind, const Engine::Impl& s, std::mt19937_64& rng) {
   Plan plan{kind};
   plan.step = 1 + static_cast<int>(rng() % (kSteps - 1));
-  const int modules = static_cast<int>(s.modules.size());
+  const int modules = s.layout.num_modules();
   const int accum = s.config.gradient_accumulation_steps;
   if (kind == Kind::kParamOverwritten || (kind == Kind::kGradRead && accum == 1)) {
     // A chunk whose backward is over: some chunk must start above the module.
     std::vector<int> candidates;
     for (int m = 0; m < modules; ++m) {
-      for (int first : s.layout.chunk_first_module) {
+      for (int first : FirstModules(s.layout)) {
         if (first > m) {
           candidates.push_back(m);
           break;
@@ -257,8 +266,8 @@ std::optional<Flip> ChooseTarget(const Plan& plan, Engine::Impl& s, std::mt19937
       for (int c = 0; c < chunks; ++c) {
         // Read next: the forward gathers every chunk, from disk unless a copy kept in
         // memory serves it. Overwritten next: a chunk whose backward is over.
-        const bool ok = plan.kind == Kind::kParamRead ? !s.HasFreshShard(c)
-                                                      : s.layout.chunk_first_module[c] > plan.module;
+        const bool ok =
+            plan.kind == Kind::kParamRead ? !s.HasFreshShard(c) : FirstModules(s.layout)[c] > plan.module;
         if (ok) candidates.push_back(c);
       }
       if (candidates.empty()) {
@@ -274,7 +283,7 @@ std::optional<Flip> ChooseTarget(const Plan& plan, Engine::Impl& s, std::mt19937
       if (!s.grad_store) break;
       std::vector<int> candidates;
       for (int c = 0; c < chunks; ++c) {
-        const int first = s.layout.chunk_first_module[c];
+        const int first = FirstModules(s.layout)[c];
         // Read next, accumulating: a chunk whose reduction in this micro-batch is still
         // to come. Read next by Step() (overlap off): one whose backward is over.
         const bool ok = plan.kind == Kind::kGradOverwritten ||
@@ -316,7 +325,7 @@ CorruptRun RunWithFlip(const Scenario& scenario, std::optional<Plan> plan, uint6
   Engine::Impl& s = Engine::Impl::Of(**engine);
   std::mt19937_64 rng(seed);
   if (plan) plan = DrawPlan(plan->kind, s, rng);
-  const int top = static_cast<int>(modules.size()) - 1;
+  const int top = static_cast<int>(modules.modules.size()) - 1;
   int step_now = -1, micro_batch = -1;  // micro-batches counted at the top module's backward
   auto flip_now = [&] {
     std::string why;
@@ -350,11 +359,11 @@ CorruptRun RunWithFlip(const Scenario& scenario, std::optional<Plan> plan, uint6
   r.status = log.ok() ? OkStatus() : log.status();
   if (!log.ok()) return r;
   r.log = *log;
-  for (size_t m = 0; m < modules.size() && r.status.ok(); ++m) {
+  for (size_t m = 0; m < modules.modules.size() && r.status.ok(); ++m) {
     r.params.emplace_back();
-    for (size_t t = 0; t < modules[m].tensors.size() && r.status.ok(); ++t) {
+    for (size_t t = 0; t < modules.modules[m].tensors.size() && r.status.ok(); ++t) {
       r.params.back().emplace_back();
-      r.status = (*engine)->GatherMaster(static_cast<int>(m), static_cast<int>(t), &r.params.back().back());
+      r.status = (*engine)->GatherMaster(modules.modules[m].tensors[t], &r.params.back().back());
     }
   }
   return r;
@@ -385,7 +394,8 @@ void ExpectNamesTheFlip(const Status& st, const Flip& flip, const std::string& w
   const size_t at = msg.find("offset ");
   ASSERT_NE(at, std::string::npos) << what << ": " << msg;
   unsigned long long begin = 0, length = 0;
-  ASSERT_EQ(std::sscanf(msg.c_str() + at, "offset %llu, %llu bytes", &begin, &length), 2) << what << ": " << msg;
+  ASSERT_EQ(std::sscanf(msg.c_str() + at, "offset %llu, %llu bytes", &begin, &length), 2)
+      << what << ": " << msg;
   EXPECT_TRUE(begin <= flip.offset && flip.offset < begin + length)
       << what << ": the flipped byte at offset " << flip.offset << " is not in the segment named: " << msg;
 }

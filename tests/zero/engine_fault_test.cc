@@ -54,7 +54,7 @@ struct FaultyRun {
   Status after;              // BeginMicroBatch once Step() failed
   Status gathered;           // GatherMaster afterwards
   std::vector<std::vector<std::vector<float>>> params;
-  int64_t ops_seen = 0;      // reads or writes (op) of the faulty step, failed or not
+  int64_t ops_seen = 0;  // reads or writes (op) of the faulty step, failed or not
 };
 
 // `steps` clean steps, then `faulty_steps` whose NVMe reads or writes (`op`) fail with EIO
@@ -107,12 +107,11 @@ FaultyRun TrainThenFail(const Config& config, zero::TrainSpec spec, IoOp op, int
   for (int attempt = 0; attempt < 2; ++attempt) {
     r.gathered = OkStatus();
     r.params.clear();
-    for (size_t m = 0; m < modules.size() && r.gathered.ok(); ++m) {
+    for (size_t m = 0; m < modules.modules.size() && r.gathered.ok(); ++m) {
       r.params.emplace_back();
-      for (size_t t = 0; t < modules[m].tensors.size() && r.gathered.ok(); ++t) {
+      for (size_t t = 0; t < modules.modules[m].tensors.size() && r.gathered.ok(); ++t) {
         r.params.back().emplace_back();
-        r.gathered =
-            (*engine)->GatherMaster(static_cast<int>(m), static_cast<int>(t), &r.params.back().back());
+        r.gathered = (*engine)->GatherMaster(modules.modules[m].tensors[t], &r.params.back().back());
       }
     }
     if (r.gathered.ok() || r.step_failed) break;
@@ -122,10 +121,10 @@ FaultyRun TrainThenFail(const Config& config, zero::TrainSpec spec, IoOp op, int
 
 // TrainThenFail, but a hang (a lost completion) ends the test at once instead of at
 // ctest's timeout.
-FaultyRun TrainThenFailOrExit(const std::string& what, const Config& config, const zero::TrainSpec& spec, IoOp op,
-                              int64_t skip, int64_t count = INT64_MAX, int faulty_steps = 1) {
-  auto run =
-      std::async(std::launch::async, [&] { return TrainThenFail(config, spec, op, skip, count, faulty_steps); });
+FaultyRun TrainThenFailOrExit(const std::string& what, const Config& config, const zero::TrainSpec& spec,
+                              IoOp op, int64_t skip, int64_t count = INT64_MAX, int faulty_steps = 1) {
+  auto run = std::async(std::launch::async,
+                        [&] { return TrainThenFail(config, spec, op, skip, count, faulty_steps); });
   if (run.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
     std::fprintf(stderr, "%s: no progress in 120 s after the faults (hang)\n", what.c_str());
     std::_Exit(1);
@@ -166,7 +165,8 @@ TEST(EngineFault, FailedNvmeWritesFailTheStepAndLoseNothing) {
         // on NVMe) in the backward's hooks. With overlap a write behind Step() can fail
         // after it returned, seen by the trainer's Flush. Every failure ends training.
         const bool must_fail_in_step = std::string(extra) != "{}";
-        const bool behind = r.after.ToString().find("an earlier write behind Step() failed") != std::string::npos;
+        const bool behind =
+            r.after.ToString().find("an earlier write behind Step() failed") != std::string::npos;
         EXPECT_TRUE(r.step_failed) << what << ": expected the engine to refuse after the failure; then "
                                    << r.after.ToString();
         if (must_fail_in_step) {
@@ -176,7 +176,8 @@ TEST(EngineFault, FailedNvmeWritesFailTheStepAndLoseNothing) {
         if (!in_memory) {
           // The failed step is undone on every chunk, wherever its failure was seen.
           kept_checked++;
-          EXPECT_TRUE(r.params == clean.params) << what << ": the failed step changed the committed parameters";
+          EXPECT_TRUE(r.params == clean.params)
+              << what << ": the failed step changed the committed parameters";
           continue;
         }
         // The optimizer in host memory: overlapped, the failed writes were the speculative
@@ -197,7 +198,7 @@ TEST(EngineFault, FailedNvmeWritesFailTheStepAndLoseNothing) {
 }
 
 // Parameter shards read from NVMe fail in the forward's gathers: always a hook's error
-// (BeforeForward), not Step()'s. Before, the engine went on taking calls, and a Step()
+// (Fetch), not Step()'s. Before, the engine went on taking calls, and a Step()
 // after a failed hook could apply an incomplete window's gradients.
 TEST(EngineFault, FailedHookEndsTrainingAndLosesNothing) {
   zero::TrainSpec spec = SmallSpec(3);
@@ -212,7 +213,7 @@ TEST(EngineFault, FailedHookEndsTrainingAndLosesNothing) {
       EXPECT_EQ(r.failed.code(), StatusCode::kIoError) << what << ": " << r.failed.ToString();
       EXPECT_TRUE(r.hook_failed) << what << ": expected a hook to fail and the engine to refuse after; then "
                                  << r.after.ToString();
-      EXPECT_NE(r.after.ToString().find("an earlier BeforeForward("), std::string::npos) << r.after.ToString();
+      EXPECT_NE(r.after.ToString().find("an earlier Fetch("), std::string::npos) << r.after.ToString();
       ASSERT_TRUE(r.gathered.ok()) << what << ": " << r.gathered.ToString();
       EXPECT_TRUE(r.params == clean.params) << what << ": the failed forward changed the parameters";
     }
@@ -237,7 +238,8 @@ TEST(EngineFault, OneLostWriteLosesTheWholeStep) {
       ASSERT_TRUE(clean.status.ok()) << ComboName(c) << ": " << clean.status.ToString();
       // The same engine through the faulty step with no fault: the master one step on,
       // and how many writes the step makes.
-      FaultyRun stepped = TrainThenFailOrExit(ComboName(c) + " no faults", config, spec, IoOp::kWrite, INT64_MAX);
+      FaultyRun stepped =
+          TrainThenFailOrExit(ComboName(c) + " no faults", config, spec, IoOp::kWrite, INT64_MAX);
       ASSERT_TRUE(stepped.failed.ok() && stepped.gathered.ok()) << stepped.failed.ToString();
       ASSERT_FALSE(stepped.params == clean.params) << "the step changed nothing";
       const int64_t writes = stepped.ops_seen;
@@ -249,8 +251,10 @@ TEST(EngineFault, OneLostWriteLosesTheWholeStep) {
         ASSERT_TRUE(r.trained.ok()) << what << ": " << r.trained.ToString();
         ASSERT_FALSE(r.failed.ok()) << what << ": a write failed and nothing said so";
         EXPECT_EQ(r.failed.code(), StatusCode::kIoError) << what << ": " << r.failed.ToString();
-        EXPECT_TRUE(r.step_failed) << what << ": the engine trains on after losing a write: " << r.after.ToString();
-        ASSERT_TRUE(r.gathered.ok()) << what << ": reading the master after the failure: " << r.gathered.ToString();
+        EXPECT_TRUE(r.step_failed) << what
+                                   << ": the engine trains on after losing a write: " << r.after.ToString();
+        ASSERT_TRUE(r.gathered.ok()) << what
+                                     << ": reading the master after the failure: " << r.gathered.ToString();
         const bool before = r.params == clean.params, after = r.params == stepped.params;
         EXPECT_TRUE(before || after) << what << ": the master is a mix of two steps";
         rolled_back += before;
@@ -269,7 +273,8 @@ TEST(EngineFault, OneLostWriteLosesTheWholeStep) {
       // With parameters on NVMe the last write may be a parameter shard's, which loses no
       // optimizer state: the master is then the faulty step's own.
       const bool before = r.params == clean.params, after = r.params == stepped.params;
-      EXPECT_TRUE(before || (after && std::string(c.param) == "nvme")) << what << ": the master is not a whole step";
+      EXPECT_TRUE(before || (after && std::string(c.param) == "nvme"))
+          << what << ": the master is not a whole step";
       next_step_checked++;
       rolled_back += before;
     }

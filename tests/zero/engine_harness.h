@@ -8,9 +8,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-#include <nlohmann/json.hpp>
 
 #include "strata/comm.h"
 #include "strata/config.h"
@@ -22,8 +22,8 @@ namespace strata::testing {
 
 struct Combo {
   int stage;
-  const char* opt;    // offload_optimizer.device
-  const char* param;  // offload_param.device
+  const char* opt;             // offload_optimizer.device
+  const char* param;           // offload_param.device
   const char* grads = "auto";  // strata.gradients (nvme optimizer only)
   // zero_optimization.sub_group_size (0: the default). Small values make the NVMe
   // optimizer step each chunk in several pieces, as large chunks are in real runs.
@@ -41,8 +41,8 @@ inline constexpr int kSmallPieceSubGroup = 1000;
 // Every combination DeepSpeed allows: offload needs stage >= 1, NVMe optimizer offload
 // and parameter offload need stage 3.
 inline std::vector<Combo> AllCombos() {
-  std::vector<Combo> c = {{0, "none", "none"}, {1, "none", "none"}, {1, "cpu", "none"},
-                          {2, "none", "none"}, {2, "cpu", "none"}};
+  std::vector<Combo> c = {
+      {0, "none", "none"}, {1, "none", "none"}, {1, "cpu", "none"}, {2, "none", "none"}, {2, "cpu", "none"}};
   for (const char* o : {"none", "cpu", "nvme"}) {
     for (const char* p : {"none", "cpu", "nvme"}) c.push_back({3, o, p});
   }
@@ -86,10 +86,9 @@ inline std::string SwapDir() {
 
 inline Config MakeConfig(const Combo& c, const std::string& extra_json = "") {
   const std::string swap = SwapDir();
-  nlohmann::json j = {
-      {"zero_optimization", {{"stage", c.stage}}},
-      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}, {"weight_decay", 0.01}}}}},
-      {"strata", {{"device", "sim"}, {"chunk_size", "16KiB"}}}};
+  nlohmann::json j = {{"zero_optimization", {{"stage", c.stage}}},
+                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}, {"weight_decay", 0.01}}}}},
+                      {"strata", {{"device", "sim"}, {"chunk_size", "16KiB"}}}};
   if (std::string(c.opt) != "none") {
     j["zero_optimization"]["offload_optimizer"] = {{"device", c.opt}, {"nvme_path", swap}};
   }
@@ -138,8 +137,8 @@ inline Result<std::unique_ptr<Device>> EngineDevice(const Config& config, Device
 
 // The reference MLP's initial values (spec must outlive the returned function).
 inline ParamInit MlpInit(const zero::TrainSpec& spec) {
-  return [&spec](int m, int t, int64_t b, int64_t n, float* out) {
-    model::InitTensorSlice(spec.model, m, t, b, n, out);
+  return [&spec](TensorId id, int64_t b, int64_t n, float* out) {
+    model::InitMlpTensor(spec.model, id, b, n, out);
   };
 }
 
@@ -166,11 +165,11 @@ inline EngineRun RunEngine(Communicator& world, const Config& config, const zero
     return run;
   }
   run.log = *log;
-  for (size_t m = 0; m < modules.size(); ++m) {
+  for (size_t m = 0; m < modules.modules.size(); ++m) {
     run.params.emplace_back();
-    for (size_t t = 0; t < modules[m].tensors.size(); ++t) {
+    for (size_t t = 0; t < modules.modules[m].tensors.size(); ++t) {
       std::vector<float> p;
-      run.status = (*engine)->GatherMaster(static_cast<int>(m), static_cast<int>(t), &p);
+      run.status = (*engine)->GatherMaster(modules.modules[m].tensors[t], &p);
       if (!run.status.ok()) return run;
       run.params.back().push_back(std::move(p));
     }

@@ -65,7 +65,8 @@ void ExpectAFailingRankEndsEveryRanksTraining(bool one_node_per_rank) {
   if (comm.rank() == failing) {
     EXPECT_EQ(trained.code(), StatusCode::kIoError) << trained.ToString();
   } else {
-    EXPECT_NE(trained.message().find("rank " + std::to_string(failing) + " failed: BeforeForward("), std::string::npos)
+    EXPECT_NE(trained.message().find("rank " + std::to_string(failing) + " failed: Fetch("),
+              std::string::npos)
         << trained.ToString();
   }
   // Everyone meets on the healthy world, then frees the failed communicator together.
@@ -74,10 +75,14 @@ void ExpectAFailingRankEndsEveryRanksTraining(bool one_node_per_rank) {
   EXPECT_TRUE(World().Barrier().Wait().ok());
 }
 
-TEST(EngineMpi, ARankThatFailsEndsEveryRanksTrainingAtOnce) { ExpectAFailingRankEndsEveryRanksTraining(false); }
+TEST(EngineMpi, ARankThatFailsEndsEveryRanksTrainingAtOnce) {
+  ExpectAFailingRankEndsEveryRanksTraining(false);
+}
 
 // Ranks on other nodes learn it by a message, not the node's watch board.
-TEST(EngineMpi, ARankThatFailsEndsTrainingOnOtherNodesAtOnce) { ExpectAFailingRankEndsEveryRanksTraining(true); }
+TEST(EngineMpi, ARankThatFailsEndsTrainingOnOtherNodesAtOnce) {
+  ExpectAFailingRankEndsEveryRanksTraining(true);
+}
 
 // Each gather is a collective, so every rank must gather, keep and release the same
 // chunks. A rank with more device room than the others plans with the least any rank
@@ -106,8 +111,8 @@ TEST(EngineMpi, RanksWithDifferentDeviceRoomKeepTheSameChunks) {
 TEST(EngineMpi, CudaDeviceNeedsADeviceCommunicator) {
   FakeGpu gpu;
   const zero::TrainSpec spec = SmallSpec(1);
-  ParamInit init = [&](int m, int t, int64_t b, int64_t n, float* out) {
-    model::InitTensorSlice(spec.model, m, t, b, n, out);
+  ParamInit init = [&](TensorId id, int64_t b, int64_t n, float* out) {
+    model::InitMlpTensor(spec.model, id, b, n, out);
   };
   const Config config = MakeConfig({2, "none", "none"});
   auto missing = Engine::Create(config, model::MlpModules(spec.model), init, EngineResources{&World(), &gpu});

@@ -6,8 +6,8 @@
 #include <future>
 
 #include "engine_checks.h"
-#include "single_world.h"
 #include "fake_gpu.h"
+#include "single_world.h"
 
 namespace strata::testing {
 namespace {
@@ -33,8 +33,8 @@ TEST(Engine, Bf16MatchesTheReference) { CheckBf16(World()); }
 TEST(Engine, DeviceCommunicatorMustBeADeviceOne) {
   FakeGpu gpu;
   const zero::TrainSpec spec = SmallSpec(1);
-  ParamInit init = [&](int m, int t, int64_t b, int64_t n, float* out) {
-    model::InitTensorSlice(spec.model, m, t, b, n, out);
+  ParamInit init = [&](TensorId id, int64_t b, int64_t n, float* out) {
+    model::InitMlpTensor(spec.model, id, b, n, out);
   };
   EngineResources res{&World(), &gpu};
   res.device_comm = &World();
@@ -85,9 +85,11 @@ Result<TestEngine> MakeEngine(const Config& config, const zero::TrainSpec& spec)
   dopt.kind = DeviceKind::kSim;
   TestEngine t;
   STRATA_ASSIGN_OR_RETURN(t.device, CreateDevice(dopt));
-  auto init = [&](int m, int k, int64_t b, int64_t n, float* out) { model::InitTensorSlice(spec.model, m, k, b, n, out); };
-  STRATA_ASSIGN_OR_RETURN(
-      t.engine, Engine::Create(config, model::MlpModules(spec.model), init, EngineResources{&World(), t.device.get()}));
+  auto init = [&](TensorId id, int64_t b, int64_t n, float* out) {
+    model::InitMlpTensor(spec.model, id, b, n, out);
+  };
+  STRATA_ASSIGN_OR_RETURN(t.engine, Engine::Create(config, model::MlpModules(spec.model), init,
+                                                   EngineResources{&World(), t.device.get()}));
   return t;
 }
 
@@ -132,7 +134,8 @@ TEST(Engine, ParametersComeFromTheOptimizerStateOnlyWhereTheyAreTheMaster) {
   auto small = PlanOnly(MakeConfig({3, "nvme", "nvme", "auto", kSmallPieceSubGroup}), spec);
   auto bf16 = PlanOnly(MakeConfig({3, "nvme", "nvme"}, R"({"bf16": {"enabled": true}})"), spec);
   auto host_params = PlanOnly(MakeConfig({3, "nvme", "cpu"}), spec);
-  for (const auto* r : {&fp32, &pieced, &small, &bf16, &host_params}) ASSERT_TRUE(r->ok()) << r->status().ToString();
+  for (const auto* r : {&fp32, &pieced, &small, &bf16, &host_params})
+    ASSERT_TRUE(r->ok()) << r->status().ToString();
   EXPECT_TRUE(fp32->params_in_optimizer_state);
   EXPECT_TRUE(pieced->params_in_optimizer_state);
   EXPECT_EQ(pieced->optimizer_piece_elems % 1024, 0);
@@ -159,7 +162,8 @@ TEST(Engine, AutoMovesGradientsToNvmeWhenTheHostBudgetIsShort) {
   }
   ASSERT_GT(budget, 0u) << "no budget up to 8 MiB holds the NVMe-gradient plan";
   auto host = PlanOnly(MakeConfig({3, "nvme", "nvme", "host"}, budget_json(budget)), spec);
-  ASSERT_FALSE(host.ok()) << "the budget must be too small for gradients in memory, or this test proves nothing";
+  ASSERT_FALSE(host.ok())
+      << "the budget must be too small for gradients in memory, or this test proves nothing";
   EXPECT_EQ(host.status().code(), StatusCode::kOutOfBudget) << host.status().ToString();
   auto plan = PlanOnly(MakeConfig({3, "nvme", "nvme"}, budget_json(budget)), spec);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
@@ -173,12 +177,13 @@ TEST(Engine, AutoMovesGradientsToNvmeWhenTheHostBudgetIsShort) {
   auto unclipped = PlanOnly(MakeConfig({3, "nvme", "nvme"}), spec);
   ASSERT_TRUE(unclipped.ok()) << unclipped.status().ToString();
   EXPECT_TRUE(unclipped->gradients_on_nvme) << "without clipping the NVMe path writes nothing";
-  auto accumulating = PlanOnly(MakeConfig({3, "nvme", "nvme"}, R"({"gradient_accumulation_steps": 4})"), spec);
+  auto accumulating =
+      PlanOnly(MakeConfig({3, "nvme", "nvme"}, R"({"gradient_accumulation_steps": 4})"), spec);
   ASSERT_TRUE(accumulating.ok()) << accumulating.status().ToString();
   EXPECT_FALSE(accumulating->gradients_on_nvme) << "accumulating writes and reads them back each micro-batch";
   auto short_accumulating = PlanOnly(
-      MakeConfig({3, "nvme", "nvme"},
-                 R"({"gradient_accumulation_steps": 4, "strata": {"host_budget": )" + std::to_string(budget) + "}}"),
+      MakeConfig({3, "nvme", "nvme"}, R"({"gradient_accumulation_steps": 4, "strata": {"host_budget": )" +
+                                          std::to_string(budget) + "}}"),
       spec);
   ASSERT_TRUE(short_accumulating.ok()) << short_accumulating.status().ToString();
   EXPECT_TRUE(short_accumulating->gradients_on_nvme) << "a budget too small for them still puts them there";
@@ -200,8 +205,8 @@ TEST(Engine, PiecedNvmeStepUnderTheSmallestBudgetEqualsTheReference) {
   zero::TrainSpec spec = SmallSpec(8);
   spec.model.hidden.assign(6, 64);
   auto json = [](uint64_t b, bool overlap) {
-    return R"({"strata": {"host_budget": )" + std::to_string(b) + R"(, "overlap": )" + (overlap ? "true" : "false") +
-           "}}";
+    return R"({"strata": {"host_budget": )" + std::to_string(b) + R"(, "overlap": )" +
+           (overlap ? "true" : "false") + "}}";
   };
   auto ref = zero::TrainReference(MakeConfig({0, "none", "none"}), spec, World().size());
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
@@ -217,8 +222,8 @@ TEST(Engine, PiecedNvmeStepUnderTheSmallestBudgetEqualsTheReference) {
     EXPECT_GT(plan->optimizer_pieces, 1);
     EXPECT_LE(plan->optimizer_staging_sets, 3) << "the smallest budget should leave little room for sets";
     EngineRun run = RunEngine(World(), MakeConfig(c, json(budget, overlap)), spec);
-    ExpectMatchesReference(run, *ref, 1e-5, kAtol, kRtol, std::string("pieced, smallest budget, overlap ") +
-                                                              (overlap ? "on" : "off"));
+    ExpectMatchesReference(run, *ref, 1e-5, kAtol, kRtol,
+                           std::string("pieced, smallest budget, overlap ") + (overlap ? "on" : "off"));
     for (const auto& r : run.log.results) EXPECT_LE(r.host_high_water, budget);
   }
 }
@@ -233,10 +238,13 @@ TEST(Engine, GatherWindowBoundsAreHonouredAndChangeNoResult) {
   // Without keeping chunks from forward to backward, which would take the room back.
   EngineRun no_prefetch = RunEngine(
       World(),
-      MakeConfig(c, R"({"zero_optimization": {"stage3_prefetch_bucket_size": 1, "stage3_max_reuse_distance": 0}})"),
+      MakeConfig(
+          c, R"({"zero_optimization": {"stage3_prefetch_bucket_size": 1, "stage3_max_reuse_distance": 0}})"),
       spec);
-  EngineRun one_live = RunEngine(World(), MakeConfig(c, R"({"zero_optimization": {"stage3_max_live_parameters": 1}})"), spec);
-  for (const EngineRun* r : {&wide, &no_prefetch, &one_live}) ASSERT_TRUE(r->status.ok()) << r->status.ToString();
+  EngineRun one_live =
+      RunEngine(World(), MakeConfig(c, R"({"zero_optimization": {"stage3_max_live_parameters": 1}})"), spec);
+  for (const EngineRun* r : {&wide, &no_prefetch, &one_live})
+    ASSERT_TRUE(r->status.ok()) << r->status.ToString();
   EXPECT_TRUE(BitIdentical(wide, no_prefetch));
   EXPECT_TRUE(BitIdentical(wide, one_live));
   EXPECT_LT(no_prefetch.device_high_water, wide.device_high_water);
@@ -291,10 +299,10 @@ TEST(Engine, KeptChunksAreGatheredOnceAndChangeNoResult) {
     EngineRun kept = RunEngine(World(), MakeConfig(c, "{" + small + "}"), spec);
     EngineRun none = RunEngine(World(), LeastKeepingConfig(c, small), spec);
     EngineRun live = RunEngine(
-        World(), MakeConfig(c, "{" + small + R"(, "zero_optimization": {"stage3_max_live_parameters": 1}})"), spec);
+        World(), MakeConfig(c, "{" + small + R"(, "zero_optimization": {"stage3_max_live_parameters": 1}})"),
+        spec);
     EngineRun persist = RunEngine(
-        World(),
-        MakeConfig(c, "{" + small + R"(, "zero_optimization": {"stage3_max_reuse_distance": 0,
+        World(), MakeConfig(c, "{" + small + R"(, "zero_optimization": {"stage3_max_reuse_distance": 0,
                                      "stage3_prefetch_bucket_size": 1,
                                      "stage3_param_persistence_threshold": 1e9}})"),
         spec);
@@ -359,7 +367,8 @@ TEST(Engine, CarriedChunksAreGatheredOncePerStepAndChangeNoResult) {
         spec);
     ASSERT_TRUE(part.status.ok()) << part.status.ToString();
     // (5 kept and 5 carried of 8 today.)
-    EXPECT_LT(part.kept_chunks + part.carried_chunks, 2 * all.num_chunks) << "the budget must not hold everything";
+    EXPECT_LT(part.kept_chunks + part.carried_chunks, 2 * all.num_chunks)
+        << "the budget must not hold everything";
     EXPECT_GT(part.carried_chunks, 0);
     EXPECT_EQ(GatherEvictions(part), 0);
     EXPECT_TRUE(BitIdentical(all, part));
@@ -385,7 +394,8 @@ TEST(Engine, PersistentChunksBeyondTheDeviceBudgetAreRefused) {
   EngineRun fits = RunEngine(World(), MakeConfig(c, "{" + base + "}"), spec);
   ASSERT_TRUE(fits.status.ok()) << fits.status.ToString();
   EngineRun refused = RunEngine(
-      World(), MakeConfig(c, "{" + base + R"(, "zero_optimization": {"stage3_param_persistence_threshold": 1e9}})"),
+      World(),
+      MakeConfig(c, "{" + base + R"(, "zero_optimization": {"stage3_param_persistence_threshold": 1e9}})"),
       spec);
   ASSERT_FALSE(refused.status.ok());
   EXPECT_EQ(refused.status.code(), StatusCode::kOutOfBudget) << refused.status.ToString();
@@ -423,7 +433,9 @@ TEST(Engine, PrefetchWindowFollowsWhereTheShardsAre) {
     }
     EngineRun narrow = RunEngine(
         World(),
-        MakeConfig(c, R"({"strata": {"chunk_size": "256KiB"}, "zero_optimization": {"stage3_prefetch_bucket_size": 1}})"),
+        MakeConfig(
+            c,
+            R"({"strata": {"chunk_size": "256KiB"}, "zero_optimization": {"stage3_prefetch_bucket_size": 1}})"),
         spec);
     ASSERT_TRUE(narrow.status.ok()) << narrow.status.ToString();
     EXPECT_TRUE(BitIdentical(deep, narrow)) << ComboName(c);
@@ -465,23 +477,23 @@ TEST(Engine, ShardsServedFromMemoryChangeNoResult) {
 TEST(Engine, DestroyedMidStepWaitsForItsReads) {
   auto t = MakeEngine(MakeConfig({3, "nvme", "nvme", "nvme"}), SmallSpec(1));
   ASSERT_TRUE(t.ok()) << t.status().ToString();
-  ASSERT_TRUE(t->engine->BeforeForward(0).ok());
-  ASSERT_TRUE(t->engine->AfterForward(0).ok());
+  ASSERT_TRUE(t->engine->Fetch(0).ok());
+  ASSERT_TRUE(t->engine->Release(0).ok());
   t->engine.reset();
 }
 
-// A model kernel that fails between BeforeBackward and AfterBackward leaves that
+// A model kernel that fails between BeginBackward and EndBackward leaves that
 // backward open: its chunk's gradients were never reduced, so Step() refuses, at every
 // stage (stage 3 also sees the chunk still held).
 TEST(Engine, StepWithABackwardLeftOpenIsRefused) {
   const zero::TrainSpec spec = SmallSpec(1);
-  const int last = static_cast<int>(model::MlpModules(spec.model).size()) - 1;
+  const int last = static_cast<int>(model::MlpModules(spec.model).modules.size()) - 1;
   for (const Combo& c : {Combo{1, "cpu", "none"}, Combo{2, "none", "none"}, Combo{3, "cpu", "cpu"}}) {
     auto t = MakeEngine(MakeConfig(c), spec);
     ASSERT_TRUE(t.ok()) << t.status().ToString();
     Engine& e = *t->engine;
     ASSERT_TRUE(e.BeginMicroBatch().ok());
-    ASSERT_TRUE(e.BeforeBackward(last).ok());
+    ASSERT_TRUE(e.BeginBackward(last).ok());
     auto step = e.Step();
     ASSERT_FALSE(step.ok()) << ComboName(c);
     EXPECT_EQ(step.status().code(), StatusCode::kFailedPrecondition) << step.status().ToString();
@@ -496,9 +508,9 @@ TEST(Engine, HookWithABadModuleIndexIsRefusedByName) {
   auto t = MakeEngine(MakeConfig({3, "cpu", "cpu"}), spec);
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   Engine& e = *t->engine;
-  const int n = static_cast<int>(model::MlpModules(spec.model).size());
-  std::vector<Status> refused = {e.BeforeForward(-1).status(), e.BeforeForward(n).status(), e.AfterForward(n),
-                                 e.BeforeBackward(n).status(), e.AfterBackward(-1)};
+  const int n = static_cast<int>(model::MlpModules(spec.model).modules.size());
+  std::vector<Status> refused = {e.Fetch(-1).status(), e.Fetch(n).status(), e.Release(n),
+                                 e.BeginBackward(n).status(), e.EndBackward(-1)};
   for (const Status& st : refused) {
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
     EXPECT_NE(st.message().find("out of range"), std::string::npos) << st.message();

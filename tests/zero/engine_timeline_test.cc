@@ -7,9 +7,9 @@
 // would leave that wait to time out, and the check fails.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-#include <iostream>
 #include <chrono>
+#include <iostream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 
@@ -67,8 +67,8 @@ void Record(Communicator& world, const Combo& c, bool overlap, Timeline* timelin
   auto dev = CreateDevice(DeviceOptions{DeviceKind::kSim, 0, 0});
   ASSERT_TRUE(dev.ok()) << dev.status().ToString();
   auto modules = model::MlpModules(spec.model);
-  ParamInit init = [&](int m, int t, int64_t b, int64_t n, float* out) {
-    model::InitTensorSlice(spec.model, m, t, b, n, out);
+  ParamInit init = [&](TensorId id, int64_t b, int64_t n, float* out) {
+    model::InitMlpTensor(spec.model, id, b, n, out);
   };
   EngineResources res{&world, dev->get()};
   res.timeline = timeline;
@@ -131,7 +131,8 @@ TEST(EngineTimeline, OptimizerStartsBeforeBackwardEnds) {
       names.insert(e["args"]["name"].get<std::string>());
     }
   }
-  for (const char* lane : {"engine compute", "engine collectives", "engine optimizer", "engine param fetch"}) {
+  for (const char* lane :
+       {"engine compute", "engine collectives", "engine optimizer", "engine param fetch"}) {
     EXPECT_TRUE(names.count(lane)) << lane;
   }
 }

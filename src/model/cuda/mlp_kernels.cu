@@ -228,4 +228,9 @@ Status StreamSynchronize(void* stream) {
   return OkStatus();
 }
 
+Status Zero(void* stream, float* ptr, int64_t n) {
+  STRATA_CUDA_RETURN(cudaMemsetAsync(ptr, 0, n * sizeof(float), AsStream(stream)), "cudaMemsetAsync");
+  return OkStatus();
+}
+
 }  // namespace strata::model::cuda

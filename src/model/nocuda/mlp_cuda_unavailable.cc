@@ -31,5 +31,6 @@ Status Free(void*) { return NoCuda("Free"); }
 Status CopyToDevice(void*, const void*, size_t) { return NoCuda("CopyToDevice"); }
 Status CopyToHost(void*, const void*, size_t) { return NoCuda("CopyToHost"); }
 Status StreamSynchronize(void*) { return NoCuda("StreamSynchronize"); }
+Status Zero(void*, float*, int64_t) { return NoCuda("Zero"); }
 
 }  // namespace strata::model::cuda

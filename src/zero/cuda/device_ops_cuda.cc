@@ -89,7 +89,7 @@ class CudaDeviceOps final : public DeviceOps {
     return OkStatus();
   }
 
-  model::Backend model_backend() const override { return model::Backend::kCuda; }
+  Backend model_backend() const override { return Backend::kCuda; }
   void* model_stream() const override { return model_stream_; }
   Status WaitForModel() override {
     return device_.Synchronize(compute_stream_).WithContext("the model's kernels");
