@@ -212,6 +212,15 @@ class Engine : public ModuleHooks {
   Result<ModuleBackward> BeginBackward(int module) override;
   Status EndBackward(int module) override;
 
+  // Hands in the gradient of one tensor computed outside the hooks, by code that runs its
+  // own autograd (PyTorch): adds `grad` (the tensor's elements, fp32, bf16 or fp16; host
+  // memory on sim, device memory on cuda, written on the model stream) into the tensor's
+  // gradient for this micro-batch. It counts as a backward use in the recorded call order,
+  // so the tensor's chunk is reduced once every gradient and backward the recording
+  // expects of it has come. The tensor's parameters need not be fetched. Errors:
+  // InvalidArgument (id, null data or dtype; nothing changed), otherwise as the hooks.
+  Status AccumulateGrad(TensorId tensor, const void* grad, DType dtype);
+
   // Marks the start of a micro-batch (the training loop calls it before each forward).
   // The engine counts micro-batches to know which one is the last before Step().
   Status BeginMicroBatch();

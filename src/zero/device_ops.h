@@ -53,6 +53,10 @@ class DeviceOps {
   virtual Status WriteFromHost(OpsLane lane, void* dev, const void* host, uint64_t bytes) = 0;
   // dst[i] += src[i], fp32.
   virtual Status Accumulate(OpsLane lane, float* dst, const float* src, int64_t n) = 0;
+  // dst[i] = (overwrite ? 0 : dst[i]) + float(src[i]) for src of `dtype` (fp32, bf16 or
+  // fp16 bit patterns): a gradient handed in by code with its own autograd.
+  virtual Status AddGradient(OpsLane lane, float* dst, const void* src, DType dtype, int64_t n,
+                             bool overwrite) = 0;
   // x[i] = float(fp16(x[i])), round to nearest even: fp16 training's reduced gradient
   // (values past the fp16 range become inf, the overflow the loss scaler sees).
   virtual Status RoundThroughFp16(OpsLane lane, float* x, int64_t n) = 0;

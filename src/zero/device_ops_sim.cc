@@ -44,6 +44,24 @@ class HostOps : public DeviceOps {
     for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
     return OkStatus();
   }
+  Status AddGradient(OpsLane, float* dst, const void* src, DType dtype, int64_t n, bool overwrite) override {
+    auto add = [&](auto convert) {
+      for (int64_t i = 0; i < n; ++i) dst[i] = (overwrite ? 0.0f : dst[i]) + convert(i);
+    };
+    switch (dtype) {
+      case DType::kF32: add([src](int64_t i) { return static_cast<const float*>(src)[i]; }); break;
+      case DType::kBf16:
+        add([src](int64_t i) { return Bf16ToFloat(static_cast<const Bf16*>(src)[i]); });
+        break;
+      case DType::kFp16:
+        add([src](int64_t i) { return Fp16ToFloat(static_cast<const Fp16*>(src)[i]); });
+        break;
+      default:
+        return InvalidArgumentError("gradient of dtype " + std::string(DTypeName(dtype)) +
+                                    ": use fp32, bf16 or fp16");
+    }
+    return OkStatus();
+  }
   Status RoundThroughFp16(OpsLane, float* x, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) x[i] = Fp16ToFloat(FloatToFp16(x[i]));
     return OkStatus();

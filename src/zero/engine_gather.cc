@@ -204,7 +204,7 @@ void Engine::Impl::Prefetch(int pos) {
   if (order->diverged()) return;
   const zero::Trace& trace = order->trace();
   for (int p = pos + 1; p <= pos + prefetch_modules && p < trace.size(); ++p) {
-    for (int c : layout.module_chunks[trace.ModuleAt(p)]) {
+    for (int c : zero::GatheredChunks(trace.at(p), layout)) {
       if (gathered.count(c)) continue;
       if (gather_pool.free.empty()) return;  // in trace order: nothing later jumps the queue
       StartGather(c);
@@ -263,7 +263,7 @@ void Engine::Impl::ReleaseGathered(int module, int pos) {
   const zero::Trace& trace = order->trace();
   std::vector<int> keep;
   for (int p = pos + 1; follows && p <= pos + prefetch_modules && p < trace.size(); ++p) {
-    const auto& chunks = layout.module_chunks[trace.ModuleAt(p)];
+    const auto& chunks = zero::GatheredChunks(trace.at(p), layout);
     keep.insert(keep.end(), chunks.begin(), chunks.end());
   }
   for (auto it = gathered.begin(); it != gathered.end();) {

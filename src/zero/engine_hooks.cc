@@ -39,6 +39,21 @@ Status Engine::Impl::CheckModule(int module) const {
                               " modules");
 }
 
+Status Engine::Impl::CheckNotFinal(int chunk, const std::string& what, std::string_view hook, int index) {
+  if (!reduced_final[chunk]) return OkStatus();
+  return FailHook(
+      FailedPreconditionError("engine: " + what + " after the gradients of chunk " + std::to_string(chunk) +
+                              " were reduced for this micro-batch: the recorded call order had no such "
+                              "use with the same forward (a frozen module given a backward?)"),
+      hook, index);
+}
+
+void Engine::Impl::CountBackwardUse(int chunk) {
+  // Final by the recording, and this micro-batch has followed it so far.
+  if (--pending_backward[chunk] > 0 || order->diverged()) return;
+  SubmitReduce(chunk, /*final=*/true);
+}
+
 Status Engine::Impl::EnterModule(int module, int pos) {
   if (stage != 3) return OkStatus();
   for (int c : layout.module_chunks[module]) STRATA_RETURN_IF_ERROR(EnsureGathered(c));
@@ -89,20 +104,16 @@ Result<ModuleBackward> Engine::BeginBackward(int module) {
   STRATA_RETURN_IF_ERROR(s.CheckModule(module));
   if (!s.in_micro_batch) STRATA_RETURN_IF_ERROR(BeginMicroBatch());
   for (int c : s.layout.module_chunks[module]) {
-    if (!s.reduced_final[c]) continue;
-    return s.FailHook(FailedPreconditionError(
-                          "engine: backward of module \"" + s.model.modules[module].name +
-                          "\" after the gradients of chunk " + std::to_string(c) +
-                          " were reduced for this micro-batch: the recorded call order had no such use with "
-                          "the same forward (a frozen module given a backward?)"),
-                      "BeginBackward", module);
+    STRATA_RETURN_IF_ERROR(s.CheckNotFinal(c, "backward of module \"" + s.model.modules[module].name + "\"",
+                                           "BeginBackward", module));
   }
   const int pos = s.order->Note(zero::UseKind::kBackward, module);
   s.open_pos[module] = pos;
   STRATA_RETURN_IF_ERROR(s.FailHook(s.EnterModule(module, pos), "BeginBackward", module));
   for (int c : s.layout.module_chunks[module]) {
     if (s.grad_bufs.count(c)) continue;
-    STRATA_RETURN_IF_ERROR(s.FailHook(s.HoldGradBuffer(c, module), "BeginBackward", module));
+    STRATA_RETURN_IF_ERROR(
+        s.FailHook(s.HoldGradBuffer(c, s.layout.module_chunks[module]), "BeginBackward", module));
   }
   ModuleBackward b;
   b.params = s.ParamsOf(module);
@@ -128,11 +139,7 @@ Status Engine::EndBackward(int module) {
   STRATA_RETURN_IF_ERROR(s.FailHook(s.ops->WaitForModel(), "EndBackward", module));
   if (s.stage == 3) s.ReleaseGathered(module, s.open_pos[module]);
   s.open_backward = -1;
-  for (int c : s.layout.module_chunks[module]) {
-    // Final by the recording, and this micro-batch has followed it so far.
-    if (--s.pending_backward[c] > 0 || s.order->diverged()) continue;
-    s.SubmitReduce(c, /*final=*/true);
-  }
+  for (int c : s.layout.module_chunks[module]) s.CountBackwardUse(c);
   // Keep the queue short: drop finished reductions, surfacing their errors now.
   while (!s.reduces.empty() &&
          s.reduces.front().wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
@@ -140,6 +147,37 @@ Status Engine::EndBackward(int module) {
     s.reduces.pop_front();
     STRATA_RETURN_IF_ERROR(s.FailHook(st, "EndBackward", module));
   }
+  return OkStatus();
+}
+
+Status Engine::AccumulateGrad(TensorId tensor, const void* grad, DType dtype) {
+  Impl& s = *impl_;
+  STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
+  if (tensor < 0 || tensor >= static_cast<int>(s.layout.tensors.size()) || grad == nullptr) {
+    return InvalidArgumentError("engine: AccumulateGrad of tensor id " + std::to_string(tensor) +
+                                (grad == nullptr ? " with no data" : "") + ": the model declared " +
+                                std::to_string(s.layout.tensors.size()) + " tensors");
+  }
+  if (dtype != DType::kF32 && dtype != DType::kBf16 && dtype != DType::kFp16) {
+    return InvalidArgumentError("engine: AccumulateGrad of \"" + s.model.tensors[tensor].name + "\" in " +
+                                std::string(DTypeName(dtype)) + ": hand in fp32, bf16 or fp16");
+  }
+  if (!s.in_micro_batch) STRATA_RETURN_IF_ERROR(BeginMicroBatch());
+  const zero::TensorPlace& t = s.layout.tensors[tensor];
+  STRATA_RETURN_IF_ERROR(s.CheckNotFinal(
+      t.chunk, "gradient of tensor \"" + s.model.tensors[tensor].name + "\"", "AccumulateGrad", tensor));
+  s.order->Note(zero::UseKind::kGrad, tensor);
+  // The gradient was written by the model's kernels.
+  STRATA_RETURN_IF_ERROR(s.FailHook(s.ops->WaitForModel(), "AccumulateGrad", tensor));
+  if (!s.grad_bufs.count(t.chunk)) {
+    STRATA_RETURN_IF_ERROR(s.FailHook(s.HoldGradBuffer(t.chunk, {t.chunk}), "AccumulateGrad", tensor));
+  }
+  Status added =
+      s.ops->AddGradient(zero::OpsLane::kTraining, s.grad_bufs[t.chunk] + t.offset, grad, dtype, t.numel,
+                         /*overwrite=*/!s.grad_written[tensor]);
+  STRATA_RETURN_IF_ERROR(s.FailHook(added, "AccumulateGrad", tensor));
+  s.grad_written[tensor] = 1;
+  s.CountBackwardUse(t.chunk);
   return OkStatus();
 }
 

@@ -445,14 +445,21 @@ struct Engine::Impl {
   // --- engine_hooks.cc ---
   Status CheckModule(int module) const;  // InvalidArgument naming the index and the count
   ModuleParams ParamsOf(int module);     // the compute copies of the module's tensors
+  // FailedPrecondition (the engine fails) when `chunk` already had its final reduction in
+  // this micro-batch: `what` ("backward of module \"x\"") came after the recording said
+  // the chunk's gradients were complete.
+  Status CheckNotFinal(int chunk, const std::string& what, std::string_view hook, int index);
+  // After a backward use or a gradient of `chunk`: reduces it when the recording expects
+  // no more in this micro-batch (and the micro-batch has followed the recording so far).
+  void CountBackwardUse(int chunk);
   // Stage 3: gathers the module's chunks (waiting for them) and starts the prefetch after
   // trace position `pos`. Other stages: nothing to do.
   Status EnterModule(int module, int pos);
 
   // --- engine_reduce.cc ---
-  // Takes a gradient buffer for `chunk` (module: the one asking, whose chunks are not
+  // Takes a gradient buffer for `chunk` (in_use: chunks of the use asking, which are not
   // reduced early to free one), zeroes its padding and marks its tensors unwritten.
-  Status HoldGradBuffer(int chunk, int module);
+  Status HoldGradBuffer(int chunk, const std::vector<int>& in_use);
   // Queues the reduction of the chunk's held buffer on comm_worker; final: no more
   // backward uses of it in this micro-batch.
   void SubmitReduce(int chunk, bool final);

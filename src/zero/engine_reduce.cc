@@ -16,7 +16,7 @@
 
 namespace strata {
 
-Status Engine::Impl::HoldGradBuffer(int chunk, int module) {
+Status Engine::Impl::HoldGradBuffer(int chunk, const std::vector<int>& in_use) {
   void* buf = grad_pool.TryTake();
   while (buf == nullptr) {
     const bool in_flight =
@@ -30,14 +30,13 @@ Status Engine::Impl::HoldGradBuffer(int chunk, int module) {
     // Every buffer is held by a chunk waiting for more backward uses (a tied tensor's
     // chunk, or a micro-batch off the recording): reduce one that this module does not
     // need now as a partial sum.
-    const auto& mine = layout.module_chunks[module];
     auto victim = std::find_if(grad_bufs.begin(), grad_bufs.end(), [&](const auto& held) {
-      return std::find(mine.begin(), mine.end(), held.first) == mine.end();
+      return std::find(in_use.begin(), in_use.end(), held.first) == in_use.end();
     });
     if (victim == grad_bufs.end()) {
       return OutOfBudgetError("engine: no free gradient buffer for chunk " + std::to_string(chunk) + " (" +
-                              std::to_string(grad_buffers) + " buffers, all held by module \"" +
-                              model.modules[module].name + "\"); raise strata.device_budget");
+                              std::to_string(grad_buffers) +
+                              " buffers, all held by chunks of the same use); raise strata.device_budget");
     }
     SubmitReduce(victim->first, /*final=*/false);
     buf = grad_pool.TryTake();
@@ -94,7 +93,7 @@ Status Engine::Impl::EndMicroBatch() {
   if (LastMicroBatch()) {
     for (int c = 0; c < layout.num_chunks; ++c) {
       if (reduced_final[c]) continue;
-      STRATA_RETURN_IF_ERROR(HoldGradBuffer(c, /*module=*/0));
+      STRATA_RETURN_IF_ERROR(HoldGradBuffer(c, {}));
       SubmitReduce(c, /*final=*/true);
     }
   }

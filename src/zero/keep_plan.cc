@@ -12,7 +12,7 @@ constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
 // Parameters the modules at trace positions (from, to) read, both ends excluded.
 int64_t ParamsBetween(const Layout& l, const Trace& trace, int from, int to) {
   int64_t n = 0;
-  for (int p = from + 1; p < to; ++p) n += l.module_params[trace.ModuleAt(p)];
+  for (int p = from + 1; p < to; ++p) n += ParamsRead(trace.at(p), l);
   return n;
 }
 
@@ -102,7 +102,7 @@ int PeakGathered(const Layout& l, const Trace& trace, const std::vector<uint8_t>
     for (int pos = 0; pos < n; ++pos) {
       const int end = std::min(pos + window, n - 1);
       for (int p = pos; p <= end; ++p) {
-        for (int c : l.module_chunks[trace.ModuleAt(p)]) {
+        for (int c : GatheredChunks(trace.at(p), l)) {
           if (!in[c]) ++count;
           in[c] = 1;
         }
@@ -110,7 +110,7 @@ int PeakGathered(const Layout& l, const Trace& trace, const std::vector<uint8_t>
       peak = std::max(peak, count);
       std::fill(wanted.begin(), wanted.end(), 0);
       for (int p = pos + 1; p <= end; ++p) {
-        for (int c : l.module_chunks[trace.ModuleAt(p)]) wanted[c] = 1;
+        for (int c : GatheredChunks(trace.at(p), l)) wanted[c] = 1;
       }
       for (int c = 0; c < l.num_chunks; ++c) {
         if (in[c] && !wanted[c] && !StaysGathered(u, kept, carried, c, pos, last)) {

@@ -5,7 +5,7 @@ namespace strata::zero {
 Trace::Trace(std::vector<ModuleUse> uses)
     : uses_(std::move(uses)), forward_end_(static_cast<int>(uses_.size())) {
   for (int p = 0; p < size(); ++p) {
-    if (uses_[p].kind == UseKind::kBackward) {
+    if (uses_[p].kind != UseKind::kForward) {
       forward_end_ = p;
       break;
     }
@@ -20,8 +20,21 @@ Trace Trace::Assumed(int num_modules) {
 }
 
 std::string DescribeUse(const ModuleUse& use) {
-  return std::string(use.kind == UseKind::kForward ? "forward" : "backward") + " of module " +
-         std::to_string(use.module);
+  switch (use.kind) {
+    case UseKind::kForward: return "forward of module " + std::to_string(use.module);
+    case UseKind::kBackward: return "backward of module " + std::to_string(use.module);
+    case UseKind::kGrad: break;
+  }
+  return "gradient of tensor " + std::to_string(use.module);
+}
+
+const std::vector<int>& GatheredChunks(const ModuleUse& use, const Layout& layout) {
+  static const std::vector<int> kNone;
+  return use.kind == UseKind::kGrad ? kNone : layout.module_chunks[use.module];
+}
+
+int64_t ParamsRead(const ModuleUse& use, const Layout& layout) {
+  return use.kind == UseKind::kGrad ? 0 : layout.module_params[use.module];
 }
 
 ChunkUses UsesOf(const Trace& trace, const Layout& layout) {
@@ -35,6 +48,10 @@ ChunkUses UsesOf(const Trace& trace, const Layout& layout) {
   u.first_backward_phase_use.assign(chunks, -1);
   for (int p = 0; p < trace.size(); ++p) {
     const ModuleUse& use = trace.at(p);
+    if (use.kind == UseKind::kGrad) {
+      ++u.backward_uses[layout.tensors[use.module].chunk];
+      continue;
+    }
     for (int c : layout.module_chunks[use.module]) {
       if (use.kind == UseKind::kBackward) ++u.backward_uses[c];
       if (u.first_use[c] < 0) u.first_use[c] = p;

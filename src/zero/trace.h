@@ -21,13 +21,20 @@
 
 namespace strata::zero {
 
-enum class UseKind : uint8_t { kForward, kBackward };  // kForward: Fetch (forward or recompute)
+// kForward: Fetch (forward or recompute); kBackward: BeginBackward; kGrad: a gradient
+// handed in by Engine::AccumulateGrad (code with its own autograd).
+enum class UseKind : uint8_t { kForward, kBackward, kGrad };
 
 struct ModuleUse {
   UseKind kind = UseKind::kForward;
-  int module = 0;
+  int module = 0;  // kGrad: the tensor id
   bool operator==(const ModuleUse&) const = default;
 };
+
+// The chunks a use needs gathered: its module's; none for a gradient handed in.
+const std::vector<int>& GatheredChunks(const ModuleUse& use, const Layout& layout);
+// Parameters a use reads (0 for a gradient handed in).
+int64_t ParamsRead(const ModuleUse& use, const Layout& layout);
 
 class Trace {
  public:
@@ -38,9 +45,8 @@ class Trace {
 
   int size() const { return static_cast<int>(uses_.size()); }
   const ModuleUse& at(int pos) const { return uses_[pos]; }
-  int ModuleAt(int pos) const { return uses_[pos].module; }
   const std::vector<ModuleUse>& uses() const { return uses_; }
-  // The position of the first backward use (size() when there is none).
+  // The position of the first backward use or gradient (size() when there is none).
   int forward_end() const { return forward_end_; }
 
  private:
@@ -54,7 +60,7 @@ std::string DescribeUse(const ModuleUse& use);
 // Where each chunk is used along a trace (positions; -1: never).
 struct ChunkUses {
   int forward_end = 0;             // Trace::forward_end()
-  std::vector<int> backward_uses;  // backward uses per micro-batch
+  std::vector<int> backward_uses;  // backward uses and gradients handed in, per micro-batch
   std::vector<int> first_use, last_use;
   std::vector<int> last_forward_use;          // the last one before forward_end
   std::vector<int> first_backward_phase_use;  // the first one at or after forward_end

@@ -46,7 +46,8 @@ inline void CheckAllCombos(Communicator& world) {
   EXPECT_TRUE(LossWentDown(ref->log.losses)) << "the reference does not learn";
   for (const Combo& c : AllCombos()) {
     EngineRun run = RunEngine(world, MakeConfig(c), spec);
-    ExpectMatchesReference(run, *ref, 1e-5, kAtol, kRtol, ComboName(c) + " world " + std::to_string(world.size()));
+    ExpectMatchesReference(run, *ref, 1e-5, kAtol, kRtol,
+                           ComboName(c) + " world " + std::to_string(world.size()));
     if (run.status.ok()) {
       EXPECT_TRUE(LossWentDown(run.log.losses)) << ComboName(c) << ": loss did not go down";
     }
@@ -59,7 +60,8 @@ inline void CheckOverlapEqualsSerial(Communicator& world, const std::string& ext
   zero::TrainSpec spec = SmallSpec(8);
   for (const Combo& c : {Combo{1, "cpu", "none"}, Combo{2, "none", "none"}, Combo{3, "cpu", "cpu"},
                          Combo{3, "nvme", "nvme"}, Combo{3, "nvme", "none"}, Combo{3, "nvme", "nvme", "nvme"},
-                         Combo{3, "nvme", "nvme", "nvme", kPiecedSubGroup}, Combo{3, "nvme", "nvme", "auto", kPiecedSubGroup}}) {
+                         Combo{3, "nvme", "nvme", "nvme", kPiecedSubGroup},
+                         Combo{3, "nvme", "nvme", "auto", kPiecedSubGroup}}) {
     nlohmann::json e = extra.empty() ? nlohmann::json::object() : nlohmann::json::parse(extra);
     e["strata"]["overlap"] = false;
     EngineRun serial = RunEngine(world, MakeConfig(c, e.dump()), spec);
@@ -105,8 +107,9 @@ inline void CheckClipping(Communicator& world) {
   int clipped = 0;
   for (double c : ref->log.clip_coefs) clipped += c < 1;
   ASSERT_GT(clipped, 5) << "the clipping threshold should engage in most steps";
-  for (const Combo& c : {Combo{1, "none", "none"}, Combo{2, "cpu", "none"}, Combo{3, "nvme", "nvme"},
-                         Combo{3, "nvme", "cpu", "nvme"}, Combo{3, "nvme", "nvme", "nvme", kPiecedSubGroup}}) {
+  for (const Combo& c :
+       {Combo{1, "none", "none"}, Combo{2, "cpu", "none"}, Combo{3, "nvme", "nvme"},
+        Combo{3, "nvme", "cpu", "nvme"}, Combo{3, "nvme", "nvme", "nvme", kPiecedSubGroup}}) {
     EngineRun run = RunEngine(world, MakeConfig(c, extra), spec);
     ExpectMatchesReference(run, *ref, 1e-5, kAtol, kRtol, ComboName(c) + " with clipping");
   }
@@ -116,15 +119,17 @@ inline void CheckFp16Overflow(Communicator& world) {
   zero::TrainSpec spec = SmallSpec(12);
   // 2^24 times gradients of ~1e-2 leave fp16's range: the first steps overflow, are
   // skipped, and the scale backs off (hysteresis 2: the second overflow halves it).
-  const std::string extra = R"({"fp16": {"enabled": true, "initial_scale_power": 24, "loss_scale_window": 4}})";
+  const std::string extra =
+      R"({"fp16": {"enabled": true, "initial_scale_power": 24, "loss_scale_window": 4}})";
   auto ref = zero::TrainReference(MakeConfig({0, "none", "none"}, extra), spec, world.size());
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
   int skipped = 0;
   for (bool s : ref->log.skipped) skipped += s;
   ASSERT_GT(skipped, 0) << "the reference should overflow at scale 2^24";
   ASSERT_LT(skipped, spec.steps) << "and recover";
-  for (const Combo& c : {Combo{0, "none", "none"}, Combo{2, "cpu", "none"}, Combo{3, "nvme", "nvme"},
-                         Combo{3, "nvme", "nvme", "nvme"}, Combo{3, "nvme", "nvme", "auto", kPiecedSubGroup}}) {
+  for (const Combo& c :
+       {Combo{0, "none", "none"}, Combo{2, "cpu", "none"}, Combo{3, "nvme", "nvme"},
+        Combo{3, "nvme", "nvme", "nvme"}, Combo{3, "nvme", "nvme", "auto", kPiecedSubGroup}}) {
     EngineRun run = RunEngine(world, MakeConfig(c, extra), spec);
     ExpectMatchesReference(run, *ref, 2e-3, 2 * 0.01, 0, ComboName(c) + " fp16");
   }
@@ -158,7 +163,8 @@ inline void CheckRandomizedSpeculation(Communicator& world, uint64_t seed, int r
     const double clips[] = {0.0, 0.02, 0.3, 5.0};
     e["gradient_clipping"] = clips[rng() % 4];
     if (rng() % 2) {
-      e["fp16"] = {{"enabled", true}, {"initial_scale_power", 8 + static_cast<int>(rng() % 20)},
+      e["fp16"] = {{"enabled", true},
+                   {"initial_scale_power", 8 + static_cast<int>(rng() % 20)},
                    {"loss_scale_window", 2}};
     }
     e["gradient_accumulation_steps"] = 1 + static_cast<int>(rng() % 2);

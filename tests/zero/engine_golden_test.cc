@@ -46,8 +46,12 @@ const std::vector<Golden>& Goldens() {
       {{3, "cpu", "cpu"}, R"({"gradient_clipping": 0.05})", 0xbc91de0692542719ull},
       {{3, "nvme", "nvme"}, "", 0x2cb6b43d7869d5d6ull},
       {{3, "nvme", "nvme", "nvme", kPiecedSubGroup}, R"({"gradient_clipping": 0.05})", 0xbc91de0692542719ull},
-      {{3, "nvme", "cpu"}, R"({"bf16": {"enabled": true}, "gradient_accumulation_steps": 2})", 0xaf4c92bb7b5d1fafull},
-      {{3, "cpu", "nvme"}, R"({"fp16": {"enabled": true, "initial_scale_power": 30}})", 0x262e3edbc9adf069ull},
+      {{3, "nvme", "cpu"},
+       R"({"bf16": {"enabled": true}, "gradient_accumulation_steps": 2})",
+       0xaf4c92bb7b5d1fafull},
+      {{3, "cpu", "nvme"},
+       R"({"fp16": {"enabled": true, "initial_scale_power": 30}})",
+       0x262e3edbc9adf069ull},
   };
   return g;
 }

@@ -22,6 +22,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
@@ -42,6 +43,42 @@ struct ChainSetup {
   int steps = 4;
   int64_t micro_batch = 8;  // per rank
   uint64_t init_seed = 7, data_seed = 11;
+  // Gradients handed in with Engine::AccumulateGrad, as code with its own autograd does,
+  // instead of written into the buffers BeginBackward hands out.
+  bool external_grads = false;
+};
+
+// What a PyTorch integration does: the backward reads the parameters through Fetch and
+// Release, writes its gradients into buffers of its own and hands each in.
+class ExternalGradHooks : public ModuleHooks {
+ public:
+  ExternalGradHooks(Engine& engine, const ModelDecl& model) : engine_(engine), model_(model) {}
+  Result<ModuleParams> Fetch(int m) override { return engine_.Fetch(m); }
+  Status Release(int m) override { return engine_.Release(m); }
+  Result<ModuleBackward> BeginBackward(int m) override {
+    STRATA_ASSIGN_OR_RETURN(ModuleParams params, engine_.Fetch(m));
+    ModuleBackward b{std::move(params), {}};
+    grads_.clear();
+    for (TensorId id : model_.modules[m].tensors) {
+      grads_.emplace_back(model_.tensors[id].numel(), 0.0f);
+      b.grads.tensors.push_back(grads_.back().data());
+      b.grads.accumulate.push_back(0);
+    }
+    return b;
+  }
+  Status EndBackward(int m) override {
+    STRATA_RETURN_IF_ERROR(engine_.Release(m));
+    for (size_t i = 0; i < grads_.size(); ++i) {
+      STRATA_RETURN_IF_ERROR(
+          engine_.AccumulateGrad(model_.modules[m].tensors[i], grads_[i].data(), DType::kF32));
+    }
+    return OkStatus();
+  }
+
+ private:
+  Engine& engine_;
+  const ModelDecl& model_;
+  std::deque<std::vector<float>> grads_;
 };
 
 struct ChainRun {
@@ -71,6 +108,8 @@ inline ChainRun RunChainEngine(Communicator& world, const Config& config, const 
     return FailedRun(InternalError("the sim device must run the CPU kernels"));
   }
   ChainDriver driver(setup.model);
+  ExternalGradHooks external(e, setup.model);
+  ModuleHooks& hooks = setup.external_grads ? static_cast<ModuleHooks&>(external) : e;
   std::vector<float> x, y;
   const int accum = config.gradient_accumulation_steps;
   auto train = [&]() -> Status {
@@ -83,7 +122,7 @@ inline ChainRun RunChainEngine(Communicator& world, const Config& config, const 
         STRATA_RETURN_IF_ERROR(e.BeginMicroBatch());
         const double normaliser = static_cast<double>(slice.GlobalBatchSize()) / scale;
         STRATA_ASSIGN_OR_RETURN(double l, driver.ForwardBackward(setup.program(step, mb), x, y,
-                                                                 setup.micro_batch, normaliser, e));
+                                                                 setup.micro_batch, normaliser, hooks));
         loss += l / scale;
       }
       STRATA_ASSIGN_OR_RETURN(StepResult r, e.Step());
@@ -296,6 +335,22 @@ inline void CheckTiedWeight(Communicator& world, const std::vector<Combo>& combo
 // Activation checkpointing: calls 1-2 and 4-5 (the output) are checkpointed blocks,
 // recomputed in the backward pass before their backward; also in bf16, where the
 // recompute must see the same 16-bit parameters as the forward.
+inline void CheckExternalGradients(Communicator& world, const std::vector<Combo>& combos) {
+  ModelDecl tied = PlainChain(4);
+  AddSharedLinear(&tied, /*weight=*/0, /*bias=*/-1);
+  ChainSetup plain{tied, Always(Sequential(5))};
+  plain.external_grads = true;
+  ChainProgram program = Sequential(5);
+  program[1].recompute = program[2].recompute = true;
+  ChainSetup recompute{tied, Always(program)};
+  recompute.external_grads = true;
+  CheckChainVariants(world,
+                     {{"gradients handed in, tied weight", "", plain},
+                      {"gradients handed in, recompute, accumulation 2",
+                       R"({"gradient_accumulation_steps": 2})", recompute}},
+                     combos);
+}
+
 inline void CheckRecompute(Communicator& world, const std::vector<Combo>& combos) {
   ChainProgram program = Sequential(6);
   for (int c : {1, 2, 4, 5}) program[c].recompute = true;

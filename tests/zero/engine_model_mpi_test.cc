@@ -22,6 +22,7 @@ TEST(EngineModelMpi, TensorLargerThanAChunkMatchesTheReference) {
   CheckTensorLargerThanAChunk(World(), AllCombos());
 }
 TEST(EngineModelMpi, ChangingCallOrderMatchesTheReference) { CheckOrderChanges(World(), AllCombos()); }
+TEST(EngineModelMpi, GradientsHandedInMatchTheReference) { CheckExternalGradients(World(), AllCombos()); }
 
 }  // namespace
 }  // namespace strata::testing

@@ -16,6 +16,35 @@ TEST(EngineModel, TensorLargerThanAChunkMatchesTheReference) {
   CheckTensorLargerThanAChunk(World(), AllCombos());
 }
 TEST(EngineModel, ChangingCallOrderMatchesTheReference) { CheckOrderChanges(World(), AllCombos()); }
+TEST(EngineModel, GradientsHandedInMatchTheReference) { CheckExternalGradients(World(), AllCombos()); }
+
+// AccumulateGrad refuses what it cannot use, and a gradient that comes after its chunk
+// was reduced for the micro-batch fails the engine with a message naming it.
+TEST(EngineModel, AccumulateGradRefusesBadInputAndLateGradients) {
+  const ModelDecl model = PlainChain(2);
+  const Config config = MakeConfig({2, "none", "none"});
+  auto dev = EngineDevice(config);
+  ASSERT_TRUE(dev.ok());
+  auto engine = Engine::Create(config, model, ChainInit(model, 7), EngineResources{&World(), dev->get()});
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  std::vector<float> g(model.tensors[0].numel(), 1.0f);
+  EXPECT_EQ(e.AccumulateGrad(99, g.data(), DType::kF32).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.AccumulateGrad(0, nullptr, DType::kF32).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(e.BeginMicroBatch().ok());
+  std::vector<float> x, y;
+  FillChainBatch(11, 0, 8, &x, &y);
+  ChainDriver driver(model);
+  ASSERT_TRUE(driver.ForwardBackward(Sequential(2), x, y, 8, 8, e).ok());
+  // The plain order was followed to its end: every chunk's reduction has started.
+  Status late = e.AccumulateGrad(0, g.data(), DType::kF32);
+  EXPECT_EQ(late.code(), StatusCode::kFailedPrecondition) << late.ToString();
+  EXPECT_NE(late.message().find("gradient of tensor \"" + model.tensors[0].name +
+                                "\" after the gradients of chunk 0"),
+            std::string::npos)
+      << late.ToString();
+  EXPECT_EQ(e.Step().status().code(), StatusCode::kFailedPrecondition) << "the engine trains no more";
+}
 
 // The driver itself, without the engine: a recomputed program computes the plain one's
 // loss and gradients bit for bit, and a frozen call changes only its own module's (none).

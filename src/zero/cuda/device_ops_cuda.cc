@@ -119,6 +119,18 @@ class CudaDeviceOps final : public DeviceOps {
     STRATA_RETURN_IF_ERROR(CudaStatus(static_cast<cudaError_t>(err), "gradient accumulation kernel"));
     return Sync(lane);
   }
+  Status AddGradient(OpsLane lane, float* dst, const void* src, DType dtype, int64_t n,
+                     bool overwrite) override {
+    if (dtype != DType::kF32 && dtype != DType::kBf16 && dtype != DType::kFp16) {
+      return InvalidArgumentError("gradient of dtype " + std::string(DTypeName(dtype)) +
+                                  ": use fp32, bf16 or fp16");
+    }
+    STRATA_RETURN_IF_ERROR(SetDevice());
+    const int bits = dtype == DType::kF32 ? 32 : (dtype == DType::kBf16 ? 16 : -16);
+    const int err = cuda::LaunchAddGradient(dst, src, bits, static_cast<size_t>(n), overwrite, Native(lane));
+    STRATA_RETURN_IF_ERROR(CudaStatus(static_cast<cudaError_t>(err), "gradient hand-in kernel"));
+    return Sync(lane);
+  }
   Status RoundThroughFp16(OpsLane lane, float* x, int64_t n) override {
     STRATA_RETURN_IF_ERROR(SetDevice());
     const int err = cuda::LaunchRoundThroughFp16(x, static_cast<size_t>(n), Native(lane));

@@ -21,6 +21,26 @@ __global__ void AccumulateKernel(float* dst, const float* src, size_t n) {
   }
 }
 
+template <typename Load>
+__global__ void AddGradientKernel(float* dst, Load load, size_t n, bool overwrite) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    dst[i] = (overwrite ? 0.0f : dst[i]) + load(i);
+  }
+}
+
+struct LoadF32 {
+  const float* p;
+  __device__ float operator()(size_t i) const { return p[i]; }
+};
+struct LoadBf16 {
+  const unsigned short* p;
+  __device__ float operator()(size_t i) const { return __uint_as_float(static_cast<unsigned>(p[i]) << 16); }
+};
+struct LoadFp16 {
+  const __half* p;
+  __device__ float operator()(size_t i) const { return __half2float(p[i]); }
+};
+
 __global__ void RoundThroughFp16Kernel(float* x, size_t n) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
     x[i] = __half2float(__float2half_rn(x[i]));
@@ -102,6 +122,20 @@ __global__ void StatsFinalKernel(const Partial* partials, uint64_t count, Partia
 int LaunchAccumulate(float* dst, const float* src, size_t n, void* stream) {
   if (n == 0) return cudaSuccess;
   AccumulateKernel<<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(dst, src, n);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int LaunchAddGradient(float* dst, const void* src, int src_bits, size_t n, bool overwrite, void* stream) {
+  if (n == 0) return cudaSuccess;
+  auto s = static_cast<cudaStream_t>(stream);
+  if (src_bits == 32) {
+    AddGradientKernel<<<Blocks(n), kThreads, 0, s>>>(dst, LoadF32{static_cast<const float*>(src)}, n, overwrite);
+  } else if (src_bits == 16) {
+    AddGradientKernel<<<Blocks(n), kThreads, 0, s>>>(dst, LoadBf16{static_cast<const unsigned short*>(src)}, n,
+                                                     overwrite);
+  } else {
+    AddGradientKernel<<<Blocks(n), kThreads, 0, s>>>(dst, LoadFp16{static_cast<const __half*>(src)}, n, overwrite);
+  }
   return static_cast<int>(cudaGetLastError());
 }
 

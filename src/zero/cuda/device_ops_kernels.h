@@ -11,6 +11,8 @@ namespace strata::zero::cuda {
 // dst[i] += src[i]. Returns the launch's cudaError_t (0: success).
 int LaunchAccumulate(float* dst, const float* src, size_t n, void* stream);
 // x[i] = float(half(x[i])), round to nearest even (as FloatToFp16 in half.h).
+// dst[i] = (overwrite ? 0 : dst[i]) + float(src[i]); src_bits 32: fp32, 16: bf16, -16: fp16.
+int LaunchAddGradient(float* dst, const void* src, int src_bits, size_t n, bool overwrite, void* stream);
 int LaunchRoundThroughFp16(float* x, size_t n, void* stream);
 
 // One shard of a gradient-statistics pass: `n` elements of type 0 (fp32), 1 (bf16) or
