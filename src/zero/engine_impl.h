@@ -475,6 +475,22 @@ struct Engine::Impl {
   // the last micro-batch, records its stats and starts its speculative step.
   Status AccumulateGradOnNvme(int chunk, const float* part, bool first_in_window, bool last_micro_batch);
 
+  // --- engine_update.cc: Step()'s update, in the order of engine.h's definition ---
+  struct GlobalStats {
+    double sum_sq = 0;       // of the gradient (loss-scaled) over every shard
+    bool overflow = false;   // inf or NaN anywhere
+    int prefetch_depth = 0;  // stage 3: the deepest any rank measured
+  };
+  // Ends the micro-batch and waits for its reductions and speculative steps.
+  Status FinishBackward();
+  Result<GlobalStats> AgreeStats();       // collective over the world (stages 1-3)
+  Status UndoSpeculation(StepResult& r);  // overflow: the step is skipped
+  // Commits speculative steps that hold (clip 1), steps the rest, publishes parameters.
+  Status ApplyUpdate(double clip, double loss_scale, StepResult& r);
+  // Resets the window's gradients and flags and updates the loss scale.
+  Status EndWindow(bool overflow);
+  void TakeCounters(StepResult& r, int prefetch_depth);
+
   // --- engine_step.cc ---
   bool LastMicroBatch() const { return micro_batch + 1 == config.gradient_accumulation_steps; }
   // grad: the chunk's final gradient shard, in pinned memory the step may read (nvme
