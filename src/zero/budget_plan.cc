@@ -12,18 +12,13 @@
 #include "strata/units.h"
 #include "zero/engine_impl.h"
 #include "zero/keep_plan.h"
+#include "zero/piece_plan.h"
 
 namespace strata {
 namespace {
 
 using zero::Align4K;
 using zero::NeedScale;
-
-// The NVMe optimizer steps a chunk's shard in pieces of at most this much state
-// (master | m | v): small enough that even a tight host budget holds several staging
-// sets, so reads run ahead and writes behind while a piece steps; large enough (16
-// requests of the default 1 MiB block) that each piece keeps the disk's queue full.
-constexpr uint64_t kPieceStateBytes = 16ull << 20;
 
 zero::NeedPart Part(std::string what, uint64_t bytes, NeedScale scale, std::string lever = "",
                     bool sharded = false, std::vector<std::string> paths = {}) {
@@ -43,56 +38,24 @@ std::string OffloadOptimizerFromDevice(int stage) {
 }  // namespace
 
 void Engine::Impl::PlanPieces() {
-  const zero::Layout& l = layout;
-  grad_slot_bytes = Align4K(opt_elems * 4);
-  piece_elems = std::max<int64_t>(opt_elems, 1);
-  // Both on NVMe: the new 16-bit shard is assembled in one of two buffers and written
-  // behind while the next chunk steps into the other; in fp32 it is the master itself.
-  publish_behind = opt_tier == ZeroTier::kNvme && stage == 3 && param_tier == ZeroTier::kNvme;
-  param_from_master = publish_behind && compute == DType::kF32;
-  if (opt_tier == ZeroTier::kNvme) {
-    // sub_group_size (DeepSpeed's key) bounds a piece from above; the engine's own cap
-    // keeps pieces small enough to pipeline whatever the model's chunk size.
-    const int64_t cap = std::min<int64_t>(
-        static_cast<int64_t>(std::min<uint64_t>(config.zero.sub_group_size, kPieceStateBytes / 12)),
-        opt_elems);
-    const int64_t k = (opt_elems + std::max<int64_t>(cap, 1) - 1) / std::max<int64_t>(cap, 1);
-    piece_elems = std::max<int64_t>((opt_elems + k - 1) / k, 1);  // k pieces, none above the cap
-    // A gather reads each piece's master into its place in the shard: O_DIRECT wants
-    // every piece to start on a 4 KiB boundary there (the shard is a multiple of 2048),
-    // so pieces become multiples of 1024 elements: rounded up (no more pieces) unless
-    // that passes the cap, then down. A cap below 1024 keeps the parameter swap.
-    if (param_from_master && piece_elems % 1024 != 0) {
-      const int64_t up = (piece_elems + 1023) / 1024 * 1024;
-      if (up <= cap) {
-        piece_elems = up;
-      } else if (piece_elems > 1024) {
-        piece_elems = piece_elems / 1024 * 1024;
-      } else {
-        param_from_master = false;
-      }
-    }
-  }
-  pieces = static_cast<int>((opt_elems + piece_elems - 1) / piece_elems);
-  if (pieces == 0) pieces = 1;
-  opt_set_bytes = Align4K(3 * piece_elems * 4);
-  if (pieces > 1 && 12 * piece_elems < (1 << 20)) {
-    STRATA_LOG(kWarn, "engine")
-        << "zero_optimization.sub_group_size " << config.zero.sub_group_size
-        << " cuts each shard's optimizer state into " << pieces << " pieces of "
-        << FormatBytes(12 * piece_elems)
-        << ": NVMe requests that small cost more than they move; raise it, or leave the "
-           "default and strata takes pieces of up to 16 MiB";
-  }
-  piece_live.assign(opt_tier == ZeroTier::kNvme ? static_cast<size_t>(l.num_chunks) * pieces : 0, 1);
-  for (uint64_t c = 0; c < piece_live.size() / pieces; ++c) {
-    for (int p = 0; p < pieces; ++p) {
-      const int64_t begin = opt_offset + p * piece_elems, end = begin + PieceElems(p);
-      for (const auto& [g0, g1] : l.chunk_gaps[c]) {
-        if (g0 <= begin && end <= g1) piece_live[PieceKey(static_cast<int>(c), p)] = 0;
-      }
-    }
-  }
+  zero::PieceInputs in;
+  in.layout = &layout;
+  in.stage = stage;
+  in.optimizer_on_nvme = opt_tier == ZeroTier::kNvme;
+  in.params_on_nvme = param_tier == ZeroTier::kNvme;
+  in.compute = compute;
+  in.opt_elems = opt_elems;
+  in.opt_offset = opt_offset;
+  in.sub_group_size = config.zero.sub_group_size;
+  zero::PiecePlan plan = zero::PlanPieces(in);
+  if (!plan.warning.empty()) STRATA_LOG(kWarn, "engine") << plan.warning;
+  piece_elems = plan.piece_elems;
+  pieces = plan.pieces;
+  opt_set_bytes = plan.opt_set_bytes;
+  grad_slot_bytes = plan.grad_slot_bytes;
+  publish_behind = plan.publish_behind;
+  param_from_master = plan.params_from_master;
+  piece_live = std::move(plan.piece_live);
 }
 
 void Engine::Impl::PlanDeviceNeed(MemoryPlan& p) {
