@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # ThreadSanitizer check of the threaded parts: the collectives (comm worker, op reuse,
 # lock-free completion, watch board) under mpirun -np 2 and 4, the I/O engine, the NVMe
-# store, the tier manager (its lanes, the race tests) and the engine (its comm, fetch and
-# optimizer workers, overlapped steps, failed steps and hooks).
+# store and the engine (its comm, fetch and optimizer workers, overlapped steps, failed
+# steps, hooks and the chain models' call orders).
 #
 # Not part of .ci/run (it adds a third build). Usage: scripts/tsan.sh [build-dir]
 #
@@ -23,8 +23,7 @@ cmake -S . -B "$dir" -G Ninja -DSTRATA_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF -DSTRAT
   -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="-fsanitize=thread -O1 -g -Wno-error=tsan" \
   -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread >/dev/null
 ninja -C "$dir" comm_test collectives_mpi_test bucketer_mpi_test watchdog_mpi_test io_engine_test \
-  nvme_store_test tier_concurrency_test tier_model_test tier_race_test engine_test engine_timeline_test \
-  engine_fault_test
+  nvme_store_test engine_test engine_model_test engine_timeline_test engine_fault_test
 
 logs=$(mktemp -d)
 run() {  # name, command...
@@ -42,8 +41,7 @@ for t in collectives_mpi_test bucketer_mpi_test watchdog_mpi_test; do
     grep -q "FAILED" "$logs/${t}_np$np.log" && { echo "tsan.sh: $t failed at -np $np"; exit 1; }
   done
 done
-for t in io_engine_test nvme_store_test tier_concurrency_test tier_model_test tier_race_test engine_test \
-  engine_timeline_test engine_fault_test; do
+for t in io_engine_test nvme_store_test engine_test engine_model_test engine_timeline_test engine_fault_test; do
   run "$t" taskset -c 0 "$dir/tests/$t"
 done
 

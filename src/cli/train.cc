@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 
@@ -233,8 +233,25 @@ void RunTrain(const TrainFlags& f) {
   ThrowIfError(FinalizeWorld());
 }
 
-void RunBench(const TrainFlags& f) {
+// `bench swap` measures the engine's NVMe swap: a run that puts nothing on NVMe would
+// measure something else under its name.
+void RefuseWithoutSwap(const Config& c) {
+  if (c.zero.offload_optimizer.device == OffloadDevice::kNvme ||
+      c.zero.offload_param.device == OffloadDevice::kNvme) {
+    return;
+  }
+  throw CliError(InvalidArgumentError(
+      "bench swap: nothing is offloaded to NVMe (zero_optimization.offload_optimizer.device and "
+      "offload_param.device are not \"nvme\"); leave them unset for stage 3 with both on NVMe, or use "
+      "`strata bench step` for other configurations"));
+}
+
+void RunBench(const TrainFlags& f, bool swap) {
   std::map<std::string, std::string> origin;
+  if (swap) {  // before MPI starts, as Prepare's own refusals
+    Result<Config> config = BuildConfig(f, &origin);
+    if (config.ok()) RefuseWithoutSwap(*config);
+  }
   Prepared p = Prepare(f, &origin);
   tools::StepBenchOptions o;
   o.config = p.config;
@@ -288,7 +305,21 @@ void AddBenchStepCommand(CLI::App& bench) {
   cmd->add_option("--repeat", f->repeat, "whole rounds (run, probe, overlap off, probe); medians reported")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
-  cmd->callback([f] { RunBench(*f); });
+  cmd->callback([f] { RunBench(*f, /*swap=*/false); });
+}
+
+void AddBenchSwapCommand(CLI::App& bench) {
+  auto* f = new TrainFlags;
+  auto* cmd = bench.add_subcommand(
+      "swap",
+      "NVMe swap experiment: training steps with the engine's own swap (by default stage 3 with optimizer "
+      "state and parameters on NVMe), bytes moved and the disk's rate beside its bound (bench step's "
+      "report)");
+  AddFlags(cmd, f, 3);
+  cmd->add_option("--repeat", f->repeat, "whole rounds (run, probe, overlap off, probe); medians reported")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  cmd->callback([f] { RunBench(*f, /*swap=*/true); });
 }
 
 }  // namespace strata::cli

@@ -99,7 +99,6 @@ TEST_F(TrainCli, AccumulationAndTrainBatchSizeFollowDeepSpeedsRule) {
   EXPECT_NE(bad.err.find("train_batch_size = micro batch x accumulation x world size (48)"),
             std::string::npos)
       << bad.err;
-  EXPECT_EQ(SwapEntries(), 0u) << "refused before any swap file";
 }
 
 TEST_F(TrainCli, FlagsOverrideOnlyWhenGiven) {
@@ -177,6 +176,20 @@ void ExpectCleanInterrupt(const CliRun& r, int sig, size_t swap_entries) {
   EXPECT_NE(r.err.find(sig == SIGINT ? "SIGINT" : "SIGTERM"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("removed its swap files"), std::string::npos) << r.err;
   EXPECT_EQ(swap_entries, 0u) << "no swap or lock file is left";
+}
+
+// `bench swap` is bench step on the engine's own NVMe swap: what training moves.
+TEST_F(TrainCli, BenchSwapMeasuresTheEnginesNvmeSwap) {
+  nlohmann::json j = Json(RunStrata({"bench", "swap", "--params", "2M", "--depth", "2", "--steps", "1",
+                                     "--chunk-size", "1MiB", "--nvme-path", swap_, "--json"}));
+  EXPECT_EQ(j["config"]["zero_optimization"]["stage"], 3) << j["config"].dump();
+  EXPECT_GT(j["run"]["bytes"]["nvme_read"].get<double>(), 0) << j["run"].dump();
+  EXPECT_GT(j["run"]["bytes"]["nvme_write"].get<double>(), 0);
+  EXPECT_GT(j["speedup"].get<double>(), 0) << "the overlap-off run and the model's bound come with it";
+  CliRun r = RunStrata({"bench", "swap", "--stage", "3", "--offload-optimizer", "cpu", "--offload-param",
+                        "cpu", "--params", "2M", "--depth", "2", "--nvme-path", swap_});
+  EXPECT_EQ(r.exit_status, 1);
+  EXPECT_NE(r.err.find("bench swap: nothing is offloaded to NVMe"), std::string::npos) << r.err;
 }
 
 TEST_F(TrainCli, InterruptRemovesSwapFilesAndExitsConventionally) {
