@@ -4,7 +4,8 @@
 #include <nanobind/nanobind.h>
 
 NB_MODULE(_strata, m) {
-  m.doc() = "strata's C++ engine parts for Python: CPU Adam (adam_step) and io_uring I/O (IoHandle)";
+  m.doc() = "strata's C++ engine parts for Python: CPU Adam (adam_step), io_uring I/O (IoHandle) and the ZeRO engine (Engine)";
   strata::py::BindAdam(m);
   strata::py::BindIo(m);
+  strata::py::BindEngine(m);
 }

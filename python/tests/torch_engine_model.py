@@ -1,0 +1,72 @@
+"""A small model with a tied embedding and LM head, and its plain torch training: shared
+by test_torch_engine.py and the script it runs under mpirun."""
+
+from __future__ import annotations
+
+import copy
+from typing import Dict, List, Tuple
+
+import torch
+
+VOCAB, WIDTH, SEQ = 32, 16, 5
+
+
+class TiedModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, WIDTH)
+        self.mid = torch.nn.Linear(WIDTH, WIDTH)
+        self.out = torch.nn.Linear(WIDTH, WIDTH)
+        self.head = torch.nn.Linear(WIDTH, VOCAB, bias=False)
+        self.head.weight = self.emb.weight  # one parameter, used by two modules
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.out(torch.tanh(self.mid(self.emb(x)))))
+
+
+def make_models(seed: int = 0) -> Tuple[TiedModel, TiedModel]:
+    torch.manual_seed(seed)
+    m = TiedModel()
+    return m, copy.deepcopy(m)
+
+
+def batches(steps: int, micro: int, global_batch: int, seed: int = 1) -> List[List[Tuple[torch.Tensor, torch.Tensor]]]:
+    """steps x micro-batches of the global batch (every rank's samples), tokens and targets."""
+    g = torch.Generator().manual_seed(seed)
+    return [[(torch.randint(0, VOCAB, (global_batch, SEQ), generator=g),
+              torch.randint(0, VOCAB, (global_batch, SEQ), generator=g)) for _ in range(micro)]
+            for _ in range(steps)]
+
+
+def loss_of(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+
+
+def config(stage: int, offload: str, accumulation: int = 1, clipping: float = 0.0) -> Dict:
+    c = {"zero_optimization": {"stage": stage},
+         "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+         "gradient_accumulation_steps": accumulation}
+    if offload != "none":
+        c["zero_optimization"]["offload_optimizer"] = {"device": offload}
+    if clipping:
+        c["gradient_clipping"] = clipping
+    return c
+
+
+def train_reference(model: TiedModel, data, clipping: float = 0.0) -> List[float]:
+    """torch.optim.AdamW over the global batch; DeepSpeed's clipping rule is torch's
+    clip_grad_norm_ (max_norm / (norm + 1e-6) when that is below 1)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01)
+    losses = []
+    for micro_batches in data:
+        opt.zero_grad()
+        total = 0.0
+        for x, y in micro_batches:
+            loss = loss_of(model(x), y)
+            (loss / len(micro_batches)).backward()
+            total += float(loss) / len(micro_batches)
+        if clipping:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clipping)
+        opt.step()
+        losses.append(total)
+    return losses

@@ -1,0 +1,25 @@
+"""Run by test_torch_engine.py under mpirun -np 2: each rank trains its half of every
+global batch; rank 0 compares the engine's masters with torch on the whole batch."""
+
+from __future__ import annotations
+
+import sys
+
+import strata.torch as st
+from torch_engine_model import batches, config, make_models, train_reference
+from test_torch_engine import ATOL, train_engine
+
+model, ref = make_models(seed=5)
+data = batches(steps=3, micro=2, global_batch=8, seed=6)
+engine = st.initialize(model, config(2, "cpu", accumulation=2))
+train_engine(engine, data, rank=engine.rank, world=engine.world_size)
+masters = engine.master_params()  # collective
+if engine.rank == 0:
+    train_reference(ref, data)
+    want = [ref.emb.weight, ref.mid.weight, ref.mid.bias, ref.out.weight, ref.out.bias]
+    worst = max((g - w.detach()).abs().max().item() for g, w in zip(masters, want))
+    print(f"world {engine.world_size}: largest difference {worst:.3g}")
+    if worst >= ATOL:
+        sys.exit(1)
+    print("ranks match torch")
+engine.close()
