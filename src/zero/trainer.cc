@@ -56,6 +56,16 @@ class TimedHooks : public ModuleHooks {
 
 }  // namespace
 
+Result<double> SumInRankOrder(Communicator& world, double value) {
+  if (world.size() == 1) return value;
+  // Each rank's value as the bits of a double (two floats' room).
+  std::vector<double> all(world.size());
+  STRATA_RETURN_IF_ERROR(world.AllGather(&value, all.data(), 2, DType::kF32).Wait());
+  double sum = 0;
+  for (double v : all) sum += v;
+  return sum;
+}
+
 Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Config& config,
                                  const TrainSpec& spec,
                                  const std::function<void(const TrainLog& log)>& on_step) {
@@ -92,13 +102,7 @@ Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Conf
     timing.step_s = Seconds(t1, std::chrono::steady_clock::now());
     if (spec.step_boundary) spec.step_boundary(step, /*end=*/true);
     log.timing.push_back(timing);
-    if (world.size() > 1) {
-      // Each rank's partial loss as the bits of a double, summed in rank order.
-      std::vector<double> all(world.size());
-      STRATA_RETURN_IF_ERROR(world.AllGather(&loss, all.data(), 2, DType::kF32).Wait());
-      loss = 0;
-      for (double l : all) loss += l;
-    }
+    STRATA_ASSIGN_OR_RETURN(loss, SumInRankOrder(world, loss));
     log.losses.push_back(loss);
     log.skipped.push_back(r.skipped);
     log.loss_scales.push_back(r.loss_scale);

@@ -49,6 +49,10 @@ struct TrainLog {
   std::vector<StepResult> results;  // engine runs only
 };
 
+// The sum of every rank's `value`, added in rank order so that every rank gets the same
+// bits (collective over `world`; `value` itself at world size 1).
+Result<double> SumInRankOrder(Communicator& world, double value);
+
 // Runs spec.steps steps of the engine. Every rank calls it; the loss is reduced over
 // `world` (host collectives, issued after each Step).
 // `on_step`, when given, is called on every rank after each step, once its global

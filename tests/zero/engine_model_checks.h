@@ -126,11 +126,7 @@ inline ChainRun RunChainEngine(Communicator& world, const Config& config, const 
         loss += l / scale;
       }
       STRATA_ASSIGN_OR_RETURN(StepResult r, e.Step());
-      // Each rank's partial loss as the bits of a double, summed in rank order.
-      std::vector<double> all(world.size());
-      STRATA_RETURN_IF_ERROR(world.AllGather(&loss, all.data(), 2, DType::kF32).Wait());
-      loss = 0;
-      for (double l : all) loss += l;
+      STRATA_ASSIGN_OR_RETURN(loss, zero::SumInRankOrder(world, loss));
       run.losses.push_back(loss);
       run.grad_norms.push_back(r.grad_norm);
       run.clip_coefs.push_back(r.clip_coef);

@@ -1,18 +1,12 @@
 // The engine's model-agnostic interface under mpirun -np 2 and -np 4 (label mpi): the
 // checks of engine_model_test with every rank training its slice of the global batch.
 #include "engine_model_checks.h"
+#include "mpi_world.h"
 
 namespace strata::testing {
 namespace {
 
-Communicator& World() {
-  static std::unique_ptr<Communicator> world = [] {
-    auto w = InitWorld(CommOptions{"world", 120});
-    STRATA_CHECK_MSG(w.ok(), w.status().ToString());
-    return std::move(*w);
-  }();
-  return *world;
-}
+Communicator& World() { return MpiWorld(); }
 
 TEST(EngineModelMpi, TiedWeightMatchesTheReference) { CheckTiedWeight(World(), AllCombos()); }
 TEST(EngineModelMpi, RecomputedBlocksMatchTheReference) { CheckRecompute(World(), AllCombos()); }

@@ -4,19 +4,13 @@
 
 #include "engine_checks.h"
 #include "fake_gpu.h"
+#include "mpi_world.h"
 #include "tiering/io_fault.h"
 
 namespace strata::testing {
 namespace {
 
-Communicator& World() {
-  static std::unique_ptr<Communicator> world = [] {
-    auto w = InitWorld(CommOptions{"world", 120});
-    STRATA_CHECK_MSG(w.ok(), w.status().ToString());
-    return std::move(*w);
-  }();
-  return *world;
-}
+Communicator& World() { return MpiWorld(); }
 
 TEST(EngineMpi, EveryStageAndOffloadMatchesTheReference) { CheckAllCombos(World()); }
 TEST(EngineMpi, OverlappedStepEqualsSerialStep) { CheckOverlapEqualsSerial(World(), ""); }
