@@ -7,9 +7,11 @@
 //  - Every CUDA call is checked; a failure comes back as a Status (Internal for a launch or
 //    runtime error, Unavailable when there is no device). In a build without CUDA every
 //    function returns Unavailable.
-//  - Matmuls are a tiled shared-memory kernel, fp32 accumulation, each output element
-//    summed in ascending order by one thread (deterministic, though not bit-identical to
-//    the CPU kernels: the CPU uses FMA/blocking differently; compare with a tolerance).
+//  - Matmuls go through cuBLAS (src/model/cuda/matmul.h) with fp32 accumulation; the
+//    environment variable STRATA_CUDA_MATMUL picks the precision: "mixed" (default:
+//    16-bit weights on tensor cores, fp32 as fp32), "tensor" (TF32 tensor cores for fp32
+//    too) or "fp32". Not bit-identical to the CPU kernels (another summation order):
+//    compare with a tolerance.
 //  - GELU uses tanhf: results match the CPU to a few ulps, not bitwise.
 //  - Thread-safety: any host thread may enqueue; ordering is the stream's.
 #pragma once
