@@ -117,7 +117,7 @@ class PyEngine {
   }
 
   // Views of the module's compute parameters, valid until release(module) (stages 0-2:
-  // for the engine's life; the Python side refuses stage 3).
+  // for the engine's life; stage 3: the gathered chunks, which the release may refill).
   nb::list Fetch(nb::handle self, int module) {
     Engine& e = Live();
     Result<ModuleParams> p = OkStatus();
@@ -205,18 +205,16 @@ class PyEngine {
   int gradient_accumulation_steps() const { return config_.gradient_accumulation_steps; }
   int64_t micro_batch_size() const { return config_.train_micro_batch_size_per_gpu; }
 
-  // Ends the engine (waits for its writes) before Python drops it.
+  // Ends the engine before Python drops it: its destructor waits for what is in flight
+  // (a micro-batch left open, after an error, is dropped with it).
   void Close() {
     if (!engine_) return;
-    Status st;
     {
       nb::gil_scoped_release release;
-      st = engine_->Flush();
       engine_.reset();
     }
     device_.reset();
     world_.reset();  // MPI ends (finalize_world) once no engine holds the world
-    Check(st, "close");
   }
 
  private:

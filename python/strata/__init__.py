@@ -6,8 +6,8 @@ Parts a torch user can adopt one at a time:
   CPU tensors in place with strata's SIMD Adam on oneTBB threads.
 - ``strata.io``: asynchronous O_DIRECT reads and writes of pinned tensors over strata's
   io_uring engine, in the shape of DeepNVMe's ``aio_handle``.
-- ``strata.torch.initialize(model, config)``: ZeRO (stages 0-2 in this version) with CPU
-  or NVMe offload of the optimizer state for a torch ``nn.Module``.
+- ``strata.torch.initialize(model, config)``: ZeRO stages 0-3 with CPU or NVMe offload of
+  the optimizer state and (stage 3) the parameters, for a torch ``nn.Module``.
 
 Submodules are imported on first use, so ``import strata`` itself does not import torch.
 """

@@ -13,11 +13,14 @@ run during the backward, as they do in C++::
         engine.backward(loss)
         engine.step()                       # steps at the end of each accumulation window
 
-What this version runs: ZeRO stages 0-2, CPU tensors on the sim device (host memory),
-one process or several under ``mpirun`` (strata's MPI communicator; no
-torch.distributed). Stage 3 is refused: it re-points parameters between a module's
-forward and its backward, which needs a module backward pre-hook (torch >= 2.0) that
-this torch may not have.
+What this version runs: ZeRO stages 0-3 with the optimizer state and (stage 3) the
+parameters on the device, in pinned host memory or on NVMe, CPU tensors on the sim
+device (host memory), one process or several under ``mpirun`` (strata's MPI
+communicator; no torch.distributed). At stage 3 a parameter holds its data only while
+its module runs (an empty tensor otherwise, as DeepSpeed's): the forward pre-hook
+gathers, the forward hook releases, and an identity autograd function on the module's
+outputs gathers again just before the module's backward; the release follows the last
+of the module's gradients.
 
 Modules: every submodule that holds parameters of its own is one engine module, in
 registration order; a parameter held by several submodules (tied weights) is one
@@ -76,11 +79,7 @@ class Engine:
     """Trains ``model`` with the strata engine; see the module's documentation."""
 
     def __init__(self, model: torch.nn.Module, config: Dict[str, Any]):
-        stage = config.get("zero_optimization", {}).get("stage", 0)
-        if stage == 3:
-            raise NotImplementedError(
-                "strata.torch: zero_optimization.stage 3 is not built yet (parameters gathered per "
-                "module need a module backward pre-hook); use stage 0, 1 or 2")
+        self._stage3 = config.get("zero_optimization", {}).get("stage", 0) == 3
         strata_block = config.setdefault("strata", {})
         if strata_block.setdefault("device", "sim") != "sim":
             raise NotImplementedError(
@@ -102,12 +101,20 @@ class Engine:
         self._modules = modules
         self._module_tensors = module_tensors
         self._micro = 0
+        # Stage 3: per module, the backward fetches whose release waits for its gradients,
+        # and the parameters still to hand theirs in; releases due after a gradient hook.
+        self._open_backward = [0] * len(modules)
+        self._grads_due = [set() for _ in modules]
+        self._releases_due: List[int] = []
+        self._owners = [[m for m, ids in enumerate(module_tensors) if t in ids] for t in range(len(params))]
         self._hooks = []
         for index, module in enumerate(modules):
             self._hooks.append(module.register_forward_pre_hook(self._make_fetch(index)))
             self._hooks.append(module.register_forward_hook(self._make_release(index)))
         for tensor, p in enumerate(params):
             self._hooks.append(p.register_hook(self._make_grad(tensor)))
+            if self._stage3:  # the engine holds the shards; a module's forward gathers them
+                p.data = torch.empty(0, dtype=p.dtype)
         _live_engines.add(self)
 
     # --- hooks -------------------------------------------------------------------------
@@ -119,19 +126,57 @@ class Engine:
             if p.data.data_ptr() != view.data_ptr():
                 p.data = view
 
+    def _unpoint(self, index: int) -> None:
+        """Stage 3: the released chunks may be refilled, so the parameters let go of them."""
+        for tensor in self._module_tensors[index]:
+            p = self._params[tensor]
+            p.data = torch.empty(0, dtype=p.dtype)
+
     def _make_fetch(self, index: int):
         def hook(module, inputs):
+            self._release_due()
             self._point(index, self._engine.fetch(index))
         return hook
 
     def _make_release(self, index: int):
         def hook(module, inputs, output):
             self._engine.release(index)
+            if not self._stage3 or not torch.is_grad_enabled():
+                return None
+            self._unpoint(index)
+            return _wrap_outputs(output, lambda: self._before_backward(index))
         return hook
+
+    def _before_backward(self, index: int) -> None:
+        """Stage 3, before the module's backward: gather its parameters again. They are
+        released once every one of them has handed its gradient in."""
+        self._release_due()
+        self._point(index, self._engine.fetch(index))
+        self._open_backward[index] += 1
+        self._grads_due[index] = {t for t in self._module_tensors[index] if self._params[t].requires_grad}
+
+    def _release_due(self) -> None:
+        # After a gradient hook torch still adds the gradient into .grad, which needs the
+        # parameter's shape: the release waits for the next call.
+        for index in self._releases_due:
+            for _ in range(self._open_backward[index]):
+                self._engine.release(index)
+            self._open_backward[index] = 0
+            self._unpoint(index)
+        self._releases_due = []
 
     def _make_grad(self, tensor: int):
         def hook(grad: torch.Tensor):
+            self._release_due()
             self._engine.accumulate_grad(tensor, grad.detach().contiguous())
+            if not self._stage3:
+                return
+            for index in self._owners[tensor]:
+                due = self._grads_due[index]
+                if tensor in due:
+                    due.discard(tensor)
+                    if not due and self._open_backward[index]:
+                        self._releases_due.append(index)
         return hook
 
     # --- training ----------------------------------------------------------------------
@@ -146,6 +191,7 @@ class Engine:
         counts to give the mean over the global batch, as DeepSpeed's averaging does."""
         e = self._engine
         (loss * (e.loss_scale / (e.gradient_accumulation_steps * e.world_size))).backward()
+        self._release_due()
         for p in self._params:  # the engine holds the gradients; torch's copy repeats them
             p.grad = None
         self._micro += 1
@@ -181,6 +227,38 @@ class Engine:
             p.data = p.data.clone()
         self._engine.close()
         _live_engines.discard(self)
+
+
+class _BeforeBackward(torch.autograd.Function):
+    """Identity on a module's outputs whose backward runs just before the module's own:
+    there, stage 3 gathers the module's parameters again (torch 1.13 has no module
+    backward pre-hook)."""
+
+    @staticmethod
+    def forward(ctx, callback, *tensors):  # type: ignore[override]
+        ctx.callback = callback
+        return tuple(t.view_as(t) for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        ctx.callback()
+        return (None, *grads)
+
+
+def _wrap_outputs(output, callback):
+    """The module's output with its differentiable tensors routed through _BeforeBackward."""
+    if isinstance(output, torch.Tensor):
+        return _BeforeBackward.apply(callback, output)[0] if output.requires_grad else output
+    if isinstance(output, (tuple, list)):
+        picks = [i for i, t in enumerate(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not picks:
+            return output
+        wrapped = _BeforeBackward.apply(callback, *[output[i] for i in picks])
+        out = list(output)
+        for i, t in zip(picks, wrapped):
+            out[i] = t
+        return type(output)(out) if isinstance(output, tuple) else out
+    return output
 
 
 _live_engines: "set[Engine]" = set()

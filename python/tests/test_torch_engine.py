@@ -34,11 +34,13 @@ def train_engine(engine, data, rank: int = 0, world: int = 1):
     return losses
 
 
-@pytest.mark.parametrize("stage,offload", [(0, "none"), (1, "none"), (1, "cpu"), (2, "none"), (2, "cpu")])
-def test_every_stage_matches_torch_adamw_with_a_tied_weight(stage: int, offload: str) -> None:
+@pytest.mark.parametrize("stage,offload,param", [
+    (0, "none", "none"), (1, "none", "none"), (1, "cpu", "none"), (2, "none", "none"), (2, "cpu", "none"),
+    (3, "none", "none"), (3, "cpu", "cpu"), (3, "nvme", "nvme"), (3, "nvme", "cpu"), (3, "cpu", "nvme")])
+def test_every_stage_matches_torch_adamw_with_a_tied_weight(stage: int, offload: str, param: str, io_dir) -> None:
     model, ref = make_models()
     data = batches(steps=3, micro=1, global_batch=8)
-    engine = st.initialize(model, config(stage, offload))
+    engine = st.initialize(model, config(stage, offload, param=param, nvme_path=str(io_dir)))
     try:
         losses = train_engine(engine, data)
         ref_losses = train_reference(ref, data)
@@ -48,8 +50,10 @@ def test_every_stage_matches_torch_adamw_with_a_tied_weight(stage: int, offload:
         assert len(masters) == len(ref_params), "the tied weight is one parameter"
         for got, want in zip(masters, ref_params):
             assert (got - want.detach()).abs().max().item() < ATOL
-        # The model's parameters are the engine's compute copies.
-        assert (model.mid.weight.detach() - masters[1]).abs().max().item() == 0
+        if stage < 3:  # the parameters are the engine's compute copies
+            assert (model.mid.weight.detach() - masters[1]).abs().max().item() == 0
+        else:  # they hold data only while their module runs
+            assert model.mid.weight.numel() == 0
     finally:
         engine.close()
 
@@ -67,10 +71,21 @@ def test_accumulation_and_clipping_match_torch() -> None:
         engine.close()
 
 
-def test_stage_3_and_other_devices_are_refused_by_name() -> None:
+def test_stage_3_with_recompute_and_accumulation_matches_torch(io_dir) -> None:
+    model, ref = make_models(seed=7, checkpointed=True)
+    data = batches(steps=3, micro=2, global_batch=8, seed=8)
+    engine = st.initialize(model, config(3, "nvme", accumulation=2, param="nvme", nvme_path=str(io_dir)))
+    try:
+        train_engine(engine, data)
+        train_reference(ref, data)
+        for got, want in zip(engine.master_params(), [ref.emb.weight, ref.mid.weight, ref.mid.bias]):
+            assert (got - want.detach()).abs().max().item() < ATOL
+    finally:
+        engine.close()
+
+
+def test_other_devices_are_refused_by_name() -> None:
     model, _ = make_models()
-    with pytest.raises(NotImplementedError, match="stage 3 is not built yet"):
-        st.initialize(model, config(3, "none"))
     cfg = config(1, "none")
     cfg["strata"] = {"device": "cuda"}
     with pytest.raises(NotImplementedError, match="sim device"):

@@ -7,6 +7,7 @@ import copy
 from typing import Dict, List, Tuple
 
 import torch
+import torch.utils.checkpoint
 
 VOCAB, WIDTH, SEQ = 32, 16, 5
 
@@ -24,10 +25,21 @@ class TiedModel(torch.nn.Module):
         return self.head(self.out(torch.tanh(self.mid(self.emb(x)))))
 
 
-def make_models(seed: int = 0) -> Tuple[TiedModel, TiedModel]:
+class CheckpointedModel(TiedModel):
+    """TiedModel with its middle block recomputed in backward (torch.utils.checkpoint)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.utils.checkpoint.checkpoint(lambda t: torch.tanh(self.mid(t)), self.emb(x), use_reentrant=False)
+        return self.head(self.out(h))
+
+
+def make_models(seed: int = 0, checkpointed: bool = False) -> Tuple[TiedModel, TiedModel]:
+    """The model to train and a plain copy of it (the reference computes without recompute)."""
     torch.manual_seed(seed)
-    m = TiedModel()
-    return m, copy.deepcopy(m)
+    m = CheckpointedModel() if checkpointed else TiedModel()
+    ref = TiedModel()
+    ref.load_state_dict(m.state_dict())
+    return m, ref
 
 
 def batches(steps: int, micro: int, global_batch: int, seed: int = 1) -> List[List[Tuple[torch.Tensor, torch.Tensor]]]:
@@ -42,12 +54,16 @@ def loss_of(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
 
 
-def config(stage: int, offload: str, accumulation: int = 1, clipping: float = 0.0) -> Dict:
+def config(stage: int, offload: str, accumulation: int = 1, clipping: float = 0.0, param: str = "none",
+           nvme_path: str = "") -> Dict:
     c = {"zero_optimization": {"stage": stage},
          "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
-         "gradient_accumulation_steps": accumulation}
+         "gradient_accumulation_steps": accumulation,
+         "strata": {"chunk_size": "4KiB"}}  # several chunks even for this small model
     if offload != "none":
-        c["zero_optimization"]["offload_optimizer"] = {"device": offload}
+        c["zero_optimization"]["offload_optimizer"] = {"device": offload, "nvme_path": nvme_path}
+    if param != "none":
+        c["zero_optimization"]["offload_param"] = {"device": param, "nvme_path": nvme_path}
     if clipping:
         c["gradient_clipping"] = clipping
     return c

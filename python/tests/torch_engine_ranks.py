@@ -1,5 +1,6 @@
-"""Run by test_torch_engine.py under mpirun -np 2: each rank trains its half of every
-global batch; rank 0 compares the engine's masters with torch on the whole batch."""
+"""Run by test_torch_engine.py under mpirun -np 2 (stage 3, optimizer state and parameters
+in pinned host memory): each rank trains its half of every global batch; rank 0 compares
+the engine's masters with torch on the whole batch."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from test_torch_engine import ATOL, train_engine
 
 model, ref = make_models(seed=5)
 data = batches(steps=3, micro=2, global_batch=8, seed=6)
-engine = st.initialize(model, config(2, "cpu", accumulation=2))
+engine = st.initialize(model, config(3, "cpu", accumulation=2, param="cpu"))
 train_engine(engine, data, rank=engine.rank, world=engine.world_size)
 masters = engine.master_params()  # collective
 if engine.rank == 0:
