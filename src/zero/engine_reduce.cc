@@ -27,6 +27,9 @@ Status Engine::Impl::HoldGradBuffer(int chunk, const std::vector<int>& in_use) {
       buf = grad_pool.Take();  // a reduction hands its buffer back when it ends
       break;
     }
+    // One may have ended since the first try: a reduction gives its buffer back before
+    // its future is ready, so now the pool holds every buffer not held below.
+    if ((buf = grad_pool.TryTake()) != nullptr) break;
     // Every buffer is held by a chunk waiting for more backward uses (a tied tensor's
     // chunk, or a micro-batch off the recording): reduce one that this module does not
     // need now as a partial sum.
