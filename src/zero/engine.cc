@@ -7,6 +7,7 @@
 #include "strata/half.h"
 #include "strata/log.h"
 #include "strata/units.h"
+#include "zero/adam_config.h"
 #include "zero/engine_impl.h"
 
 namespace strata {
@@ -212,13 +213,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, ModelDecl m
   }
   s.compute = config.bf16 ? DType::kBf16 : (config.fp16.enabled ? DType::kFp16 : DType::kF32);
   s.csize = DTypeSize(s.compute);
-  s.adam.lr = static_cast<float>(config.optimizer.lr);
-  s.adam.beta1 = static_cast<float>(config.optimizer.beta1);
-  s.adam.beta2 = static_cast<float>(config.optimizer.beta2);
-  s.adam.eps = static_cast<float>(config.optimizer.eps);
-  s.adam.weight_decay = static_cast<float>(config.optimizer.weight_decay);
-  s.adam.adamw = config.optimizer.type == OptimizerType::kAdamW;
-  s.adam.step = 1;
+  s.adam = zero::AdamFromConfig(config);
   STRATA_ASSIGN_OR_RETURN(auto scaler, LossScaler::Create(LossScalerOptions::FromConfig(config)));
   s.scaler = scaler;
 

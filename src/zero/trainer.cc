@@ -9,6 +9,7 @@
 #include "strata/half.h"
 #include "strata/loss_scaler.h"
 #include "strata/mlp_kernels.h"
+#include "zero/adam_config.h"
 
 namespace strata::zero {
 namespace {
@@ -113,74 +114,93 @@ Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Conf
   return log;
 }
 
-Result<ReferenceRun> TrainReference(const Config& config, const TrainSpec& spec, int world_size) {
-  const DType compute = config.bf16 ? DType::kBf16 : config.fp16.enabled ? DType::kFp16 : DType::kF32;
-  model::Mlp mlp(spec.model);
-  model::DenseMlp dense(spec.model, compute);
-  model::SyntheticData data(spec.model, spec.data);
-  STRATA_ASSIGN_OR_RETURN(LossScaler scaler, LossScaler::Create(LossScalerOptions::FromConfig(config)));
-  const int n_mod = dense.num_modules();
-  // fp32 master, Adam m and v, and the accumulated gradient, per tensor.
-  std::vector<std::vector<std::vector<float>>> m(n_mod), v(n_mod), acc(n_mod);
-  for (int k = 0; k < n_mod; ++k) {
-    for (auto& t : dense.params(k)) {
-      m[k].emplace_back(t.size(), 0.0f);
-      v[k].emplace_back(t.size(), 0.0f);
-      acc[k].emplace_back(t.size(), 0.0f);
+namespace {
+
+using Tensors = std::vector<std::vector<std::vector<float>>>;  // [module][tensor]
+
+// The reference's state: the dense model, Adam's m and v and the window's gradient sum.
+struct Reference {
+  Reference(const Config& config, const TrainSpec& spec, DType compute)
+      : mlp(spec.model),
+        dense(spec.model, compute),
+        data(spec.model, spec.data),
+        adam(AdamFromConfig(config)) {
+    for (int k = 0; k < dense.num_modules(); ++k) {
+      m.emplace_back();
+      v.emplace_back();
+      acc.emplace_back();
+      for (auto& t : dense.params(k)) {
+        m.back().emplace_back(t.size(), 0.0f);
+        v.back().emplace_back(t.size(), 0.0f);
+        acc.back().emplace_back(t.size(), 0.0f);
+      }
     }
   }
+  model::Mlp mlp;
+  model::DenseMlp dense;
+  model::SyntheticData data;
   AdamParams adam;
-  adam.lr = static_cast<float>(config.optimizer.lr);
-  adam.beta1 = static_cast<float>(config.optimizer.beta1);
-  adam.beta2 = static_cast<float>(config.optimizer.beta2);
-  adam.eps = static_cast<float>(config.optimizer.eps);
-  adam.weight_decay = static_cast<float>(config.optimizer.weight_decay);
-  adam.adamw = config.optimizer.type == OptimizerType::kAdamW;
-  int64_t steps_taken = 0;
-  ReferenceRun run;
+  Tensors m, v, acc;
   model::Batch batch;
+};
+
+// One accumulation window's gradients summed into ref.acc; returns its loss. All ranks'
+// micro-batch mb at once: one rank with a world_size times larger one. fp16 is the
+// exception: a data-parallel rank's gradient is rounded to fp16 before the ranks'
+// gradients are summed (where overflow shows), so the reference computes each rank's
+// part separately, rounds it, and sums them in rank order.
+Result<double> AccumulateWindow(Reference& ref, const Config& config, const TrainSpec& spec, int world_size,
+                                int step, double scale, DType compute) {
+  for (auto& mod : ref.acc) {
+    for (auto& t : mod) std::fill(t.begin(), t.end(), 0.0f);
+  }
   const int accum = config.gradient_accumulation_steps;
-  for (int step = 0; step < spec.steps; ++step) {
-    const double scale = scaler.scale();
-    double loss = 0;
-    for (auto& mod : acc) {
-      for (auto& t : mod) std::fill(t.begin(), t.end(), 0.0f);
-    }
-    for (int mb = 0; mb < accum; ++mb) {
-      // All ranks' micro-batch mb at once: one rank with a world_size times larger one.
-      // fp16 is the exception: a data-parallel rank's gradient is rounded to fp16 before
-      // the ranks' gradients are summed (where overflow shows), so the reference computes
-      // each rank's part separately, rounds it, and sums them in rank order.
-      const bool per_rank = compute == DType::kFp16;
-      for (int r = 0; r < (per_rank ? world_size : 1); ++r) {
-        model::BatchSlice slice =
-            per_rank ? model::BatchSlice{step, r, world_size, mb, accum, spec.micro_batch}
-                     : model::BatchSlice{step, 0, 1, mb, accum, spec.micro_batch * world_size};
-        STRATA_RETURN_IF_ERROR(data.Fill(slice, &batch));
-        dense.set_accumulate(false);
-        STRATA_ASSIGN_OR_RETURN(
-            double l,
-            mlp.ForwardBackward(batch, static_cast<double>(slice.GlobalBatchSize()) / scale, dense));
-        loss += l / scale;
-        for (int k = 0; k < n_mod; ++k) {
-          for (size_t t = 0; t < acc[k].size(); ++t) {
-            auto& g = dense.grads(k)[t];
-            for (size_t i = 0; i < g.size(); ++i) {
-              acc[k][t][i] += per_rank ? Fp16ToFloat(FloatToFp16(g[i])) : g[i];
-            }
-          }
+  const bool per_rank = compute == DType::kFp16;
+  double loss = 0;
+  for (int mb = 0; mb < accum; ++mb) {
+    for (int r = 0; r < (per_rank ? world_size : 1); ++r) {
+      model::BatchSlice slice = per_rank
+                                    ? model::BatchSlice{step, r, world_size, mb, accum, spec.micro_batch}
+                                    : model::BatchSlice{step, 0, 1, mb, accum, spec.micro_batch * world_size};
+      STRATA_RETURN_IF_ERROR(ref.data.Fill(slice, &ref.batch));
+      ref.dense.set_accumulate(false);
+      STRATA_ASSIGN_OR_RETURN(
+          double l, ref.mlp.ForwardBackward(ref.batch, static_cast<double>(slice.GlobalBatchSize()) / scale,
+                                            ref.dense));
+      loss += l / scale;
+      for (int k = 0; k < ref.dense.num_modules(); ++k) {
+        for (size_t t = 0; t < ref.acc[k].size(); ++t) {
+          const auto& g = ref.dense.grads(k)[t];
+          for (size_t i = 0; i < g.size(); ++i)
+            ref.acc[k][t][i] += per_rank ? Fp16ToFloat(FloatToFp16(g[i])) : g[i];
         }
       }
     }
+  }
+  return loss;
+}
+
+}  // namespace
+
+Result<ReferenceRun> TrainReference(const Config& config, const TrainSpec& spec, int world_size) {
+  const DType compute = config.bf16 ? DType::kBf16 : config.fp16.enabled ? DType::kFp16 : DType::kF32;
+  Reference ref(config, spec, compute);
+  STRATA_ASSIGN_OR_RETURN(LossScaler scaler, LossScaler::Create(LossScalerOptions::FromConfig(config)));
+  int64_t steps_taken = 0;
+  ReferenceRun run;
+  for (int step = 0; step < spec.steps; ++step) {
+    const double scale = scaler.scale();
+    STRATA_ASSIGN_OR_RETURN(const double loss,
+                            AccumulateWindow(ref, config, spec, world_size, step, scale, compute));
     GradStats stats;
-    for (auto& mod : acc) {
+    for (auto& mod : ref.acc) {
       for (auto& t : mod) stats.Merge(ComputeGradStatsReference(GradView{t.data(), DType::kF32}, t.size()));
     }
     const bool overflow = stats.has_inf_nan;
     double clip = 1;
     const double norm = std::sqrt(stats.sum_sq) / scale;
     if (!overflow && config.gradient_clipping > 0) {
-      double c = config.gradient_clipping / (norm + 1e-6);
+      const double c = config.gradient_clipping / (norm + 1e-6);
       if (c < 1) clip = c;
     }
     run.log.losses.push_back(loss);
@@ -188,21 +208,20 @@ Result<ReferenceRun> TrainReference(const Config& config, const TrainSpec& spec,
     run.log.loss_scales.push_back(scale);
     run.log.clip_coefs.push_back(clip);
     if (!overflow) {
-      ++steps_taken;
-      adam.step = steps_taken;
-      adam.grad_scale = clip == 1 ? scaler.grad_scale() : static_cast<float>(clip / scale);
-      for (int k = 0; k < n_mod; ++k) {
-        for (size_t t = 0; t < acc[k].size(); ++t) {
-          auto& p = dense.params(k)[t];
-          STRATA_RETURN_IF_ERROR(AdamStepReference(adam, p.data(), m[k][t].data(), v[k][t].data(),
-                                                   GradView{acc[k][t].data(), DType::kF32}, p.size()));
+      ref.adam.step = ++steps_taken;
+      ref.adam.grad_scale = clip == 1 ? scaler.grad_scale() : static_cast<float>(clip / scale);
+      for (int k = 0; k < ref.dense.num_modules(); ++k) {
+        for (size_t t = 0; t < ref.acc[k].size(); ++t) {
+          auto& p = ref.dense.params(k)[t];
+          STRATA_RETURN_IF_ERROR(AdamStepReference(ref.adam, p.data(), ref.m[k][t].data(), ref.v[k][t].data(),
+                                                   GradView{ref.acc[k][t].data(), DType::kF32}, p.size()));
         }
       }
-      dense.SyncCompute();
+      ref.dense.SyncCompute();
     }
     STRATA_RETURN_IF_ERROR(scaler.Update(overflow));
   }
-  for (int k = 0; k < n_mod; ++k) run.params.push_back(dense.params(k));
+  for (int k = 0; k < ref.dense.num_modules(); ++k) run.params.push_back(ref.dense.params(k));
   return run;
 }
 

@@ -30,6 +30,7 @@
 #include "chain_model.h"
 #include "engine_harness.h"
 #include "strata/adam.h"
+#include "zero/adam_config.h"
 
 namespace strata::testing {
 
@@ -163,13 +164,7 @@ inline ChainRun TrainChainReference(const Config& config, const ChainSetup& setu
     m[t].assign(dense.master(t).size(), 0.0f);
     v[t] = m[t];
   }
-  AdamParams adam;
-  adam.lr = static_cast<float>(config.optimizer.lr);
-  adam.beta1 = static_cast<float>(config.optimizer.beta1);
-  adam.beta2 = static_cast<float>(config.optimizer.beta2);
-  adam.eps = static_cast<float>(config.optimizer.eps);
-  adam.weight_decay = static_cast<float>(config.optimizer.weight_decay);
-  adam.adamw = config.optimizer.type == OptimizerType::kAdamW;
+  AdamParams adam = zero::AdamFromConfig(config);
   const int accum = config.gradient_accumulation_steps;
   const int64_t batch = setup.micro_batch * world_size;
   std::vector<float> x, y;
