@@ -226,7 +226,15 @@ class Engine:
         for p in self._params:  # the parameters outlive the engine's memory
             p.data = p.data.clone()
         self._engine.close()
+        self._engine = _Closed()  # let go of the extension's object before the interpreter ends
         _live_engines.discard(self)
+
+
+class _Closed:
+    """What a closed Engine holds instead of the extension's engine."""
+
+    def __getattr__(self, name: str):
+        raise RuntimeError(f"strata.torch: the engine was closed (engine.{name})")
 
 
 class _BeforeBackward(torch.autograd.Function):
