@@ -14,9 +14,10 @@
 //    sums are added in ascending order. Results are therefore bit-identical for any thread
 //    count and any oneTBB partitioning. Attention uses Gemm, whose micro-kernel is chosen
 //    per machine (see mlp_kernels.h), so results may differ between machines.
-//  - Accumulate flags (weight gradients only), as LinearBackward: false overwrites the
-//    gradient with this call's sum, true adds this call's sum to the old value
-//    (g = g_old + sum: the sum is formed first, then added once). Input gradients (dx,
+//  - Accumulate flags (weight gradients only): false overwrites the gradient with this
+//    call's sum, true adds this call's sum to the old value (g = g_old + sum: the sum is
+//    formed first, then added once; LinearBackward's GEMM instead adds its terms onto the
+//    old value one at a time, so the two round differently). Input gradients (dx,
 //    dqkv, dlogits) are always overwritten.
 //  - Threads: any thread may call; calls are independent and reentrant. The kernels run
 //    their parallel loops on the caller's oneTBB arena.

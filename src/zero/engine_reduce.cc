@@ -17,22 +17,23 @@
 namespace strata {
 
 Status Engine::Impl::HoldGradBuffer(int chunk, const std::vector<int>& in_use) {
-  void* buf = grad_pool.TryTake();
-  while (buf == nullptr) {
-    const bool in_flight =
-        std::any_of(reduces.begin(), reduces.end(), [](const std::shared_future<Status>& r) {
-          return r.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
-        });
-    if (in_flight) {
-      buf = grad_pool.Take();  // a reduction hands its buffer back when it ends
-      break;
+  void* buf = nullptr;
+  while ((buf = grad_pool.TryTake()) == nullptr) {
+    // A reduction gives its buffer back before its future is ready, and another take may
+    // already have had that buffer: wait for the reduction itself, then look again, never
+    // for the pool (which may get nothing more).
+    auto running = std::find_if(reduces.begin(), reduces.end(), [](const std::shared_future<Status>& r) {
+      return r.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+    });
+    if (running != reduces.end()) {
+      running->wait();
+      continue;
     }
-    // One may have ended since the first try: a reduction gives its buffer back before
-    // its future is ready, so now the pool holds every buffer not held below.
+    // Nothing in flight: every buffer not held below is in the pool.
     if ((buf = grad_pool.TryTake()) != nullptr) break;
     // Every buffer is held by a chunk waiting for more backward uses (a tied tensor's
-    // chunk, or a micro-batch off the recording): reduce one that this module does not
-    // need now as a partial sum.
+    // chunk, or a micro-batch off the recording): reduce one that this use does not need
+    // now as a partial sum; its reduction then runs, and the loop waits for it.
     auto victim = std::find_if(grad_bufs.begin(), grad_bufs.end(), [&](const auto& held) {
       return std::find(in_use.begin(), in_use.end(), held.first) == in_use.end();
     });
@@ -42,7 +43,6 @@ Status Engine::Impl::HoldGradBuffer(int chunk, const std::vector<int>& in_use) {
                               " buffers, all held by chunks of the same use); raise strata.device_budget");
     }
     SubmitReduce(victim->first, /*final=*/false);
-    buf = grad_pool.TryTake();
   }
   auto* g = static_cast<float*>(buf);
   for (auto [lo, hi] : layout.chunk_gaps[chunk]) {

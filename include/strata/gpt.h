@@ -1,0 +1,184 @@
+// The GPT model driver: a GPT-2 style decoder-only transformer (gpt_kernels.h) declared to
+// the engine as tensors and modules (module_hooks.h), with its deterministic
+// initialisation, and the forward, loss and backward of one micro-batch through any
+// ModuleHooks (the engine, or a dense store in tests).
+//
+// Contract:
+//  - Model (scripts/gpt_golden.py has the same one in PyTorch): token and learned position
+//    embeddings; n_layer pre-LayerNorm blocks x = x + proj(attn(ln1(x))),
+//    x = x + mlp.proj(gelu(mlp.fc(ln2(x)))) with causal multi-head attention and a 4x MLP;
+//    a final LayerNorm lnf; logits = lnf(x) W^T with W the token embedding (tied_head) or a
+//    tensor of its own, "lm_head.weight" [V, C]; mean cross-entropy through the normaliser.
+//  - Tensors (GptModel), by id: 0 "wte" [V, C], 1 "wpe" [block_size, C], then 12 per block
+//    l (GptBlockTensorId, names "h<l>.ln1.weight" ...), then "lnf.weight", "lnf.bias" and,
+//    untied only, "lm_head.weight". Linear weights are [out, in]. This is the golden file's
+//    order (tests/model/tiny_gpt.h), so its flat parameters map onto the ids one to one.
+//  - Modules, in forward order: 0 "embed" {wte, wpe}; per block l, 1 + 2l "h<l>.attn" {ln1,
+//    attn.qkv, attn.proj: weight, bias each} and 2 + 2l "h<l>.mlp" {ln2, mlp.fc, mlp.proj};
+//    last "head" {lnf.weight, lnf.bias, head weight}. Tied, the head lists wte's id: the
+//    engine makes that one parameter, and the model adds both uses' gradients as the
+//    accumulate flags say (module_hooks.h).
+//  - Calls of ForwardBackward, with L blocks and head module H = 1 + 2L:
+//        for m in 0..H:  Fetch(m) -> compute -> Release(m)
+//        loss
+//        BeginBackward(H) .. EndBackward(H)
+//        for l in L-1..0:  [recompute: Fetch/Release(1 + 2l), Fetch/Release(2 + 2l)]
+//                          BeginBackward(2 + 2l) .. EndBackward, BeginBackward(1 + 2l) .. EndBackward
+//        BeginBackward(0) .. EndBackward(0)
+//    Pointers are used only until the matching Release / EndBackward. Every gradient a
+//    BeginBackward hands out is written (overwritten or added to, by its flag) before the
+//    matching EndBackward, including wpe's rows past the batch's sequence length (zero).
+//  - Activation checkpointing (set_recompute): the forward keeps only each block's input,
+//    and the backward runs each block's forward again (through the hooks, as above) just
+//    before its backward. The kernels are deterministic, so this changes no bit of the
+//    loss or of any gradient; it saves the blocks' inner activations (activation_floats).
+//  - Backend kCpu with fp32 parameters only: a hook that hands out 16-bit parameters is
+//    refused (Unimplemented), and so is Backend::kCuda; the GPT kernels have no 16-bit or
+//    CUDA path yet.
+//  - The driver owns its activation workspace: grown to the largest (batch, seq) seen,
+//    reused afterwards. One driver is used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "strata/module_hooks.h"
+#include "strata/status.h"
+
+namespace strata::model {
+
+using ::strata::Backend;
+
+struct GptSpec {
+  int64_t vocab_size = 0;
+  int64_t block_size = 0;  // the longest sequence (rows of wpe)
+  int64_t n_layer = 0;
+  int64_t n_head = 0;
+  int64_t n_embd = 0;  // a multiple of n_head
+  bool tied_head = true;
+  uint64_t seed = 0;  // parameter initialisation seed
+};
+
+// InvalidArgument naming the first bad field: vocab_size < 2 or >= 2^31 (token ids are
+// int32), any other size < 1, or n_embd not a multiple of n_head.
+Status ValidateSpec(const GptSpec& spec);
+
+// Tensor i of a block, in the order of its ids (GptBlockTensorId).
+enum class GptBlockTensor {
+  kLn1Weight,
+  kLn1Bias,
+  kQkvWeight,
+  kQkvBias,
+  kAttnProjWeight,
+  kAttnProjBias,
+  kLn2Weight,
+  kLn2Bias,
+  kFcWeight,
+  kFcBias,
+  kMlpProjWeight,
+  kMlpProjBias,
+};
+inline constexpr int kGptTensorsPerBlock = 12;
+inline constexpr TensorId kGptWte = 0, kGptWpe = 1;
+inline TensorId GptBlockTensorId(int64_t layer, GptBlockTensor t) {
+  return static_cast<TensorId>(2 + kGptTensorsPerBlock * layer + static_cast<int64_t>(t));
+}
+inline TensorId GptLnfWeightId(const GptSpec& s) {
+  return static_cast<TensorId>(2 + kGptTensorsPerBlock * s.n_layer);
+}
+inline TensorId GptLnfBiasId(const GptSpec& s) { return GptLnfWeightId(s) + 1; }
+// The weight the LM head reads: wte when tied, else "lm_head.weight".
+inline TensorId GptHeadWeightId(const GptSpec& s) { return s.tied_head ? kGptWte : GptLnfWeightId(s) + 2; }
+
+inline int GptEmbedModule() { return 0; }
+inline int GptAttnModule(int64_t layer) { return static_cast<int>(1 + 2 * layer); }
+inline int GptMlpModule(int64_t layer) { return static_cast<int>(2 + 2 * layer); }
+inline int GptHeadModule(const GptSpec& s) { return static_cast<int>(1 + 2 * s.n_layer); }
+
+// The model as the engine sees it (see the contract). Requires a valid spec.
+ModelDecl GptModel(const GptSpec& spec);
+// Real parameters: a tied head counts wte once.
+int64_t GptParameterCount(const GptSpec& spec);
+
+// Writes elements [begin, begin + count) of tensor `tensor` (its GptModel id), GPT-2's
+// initialisation: weights and embeddings ~ N(0, 0.02), the two residual projections of
+// each block (attn.proj.weight, mlp.proj.weight) ~ N(0, 0.02 / sqrt(2 n_layer)), linear
+// biases 0, LayerNorm weights 1 and biases 0. Element i is a pure function of (seed,
+// tensor, i), so any slice on any rank gets the single-rank values: the engine's
+// ParamInit. Requires a valid spec and a tensor of the model.
+void InitGptTensor(const GptSpec& spec, TensorId tensor, int64_t begin, int64_t count, float* out);
+
+class Gpt {
+ public:
+  // Requires ValidateSpec(spec).ok().
+  explicit Gpt(GptSpec spec, Backend backend = Backend::kCpu);
+  Gpt(const Gpt&) = delete;
+  Gpt& operator=(const Gpt&) = delete;
+
+  const GptSpec& spec() const { return spec_; }
+  const ModelDecl& modules() const { return model_; }
+
+  // Activation checkpointing of every block (see the contract); may change between passes.
+  void set_recompute(bool recompute) { recompute_ = recompute; }
+  bool recompute() const { return recompute_; }
+
+  // One micro-batch: tokens and targets [batch, seq] in [0, vocab_size), 1 <= seq <=
+  // block_size. Forward, loss (summed over the batch's tokens and divided by `normaliser`,
+  // normally the global batch's token count), backward. Returns the loss term.
+  // InvalidArgument for a bad batch (nothing called); a hook's error, with the module
+  // named, stops the pass (gradients may then be partly written).
+  Result<double> ForwardBackward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
+                                 double normaliser, ModuleHooks& hooks);
+  // Forward and loss only (Fetch/Release, no backward hooks).
+  Result<double> Forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
+                         double normaliser, ModuleHooks& hooks);
+
+  // The logits [batch, seq, vocab_size] of the latest Forward (after ForwardBackward the
+  // buffer holds their gradient instead).
+  const float* logits() const { return logits_.data(); }
+  // Floats of activation workspace held now (grows with the largest batch; recompute
+  // keeps one block's inner activations instead of every block's).
+  int64_t activation_floats() const;
+
+ private:
+  // One block's inner activations (its input lives in block_in_).
+  struct BlockActs {
+    std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fc, fc_gelu;
+  };
+  // The module's parameters as fp32 pointers, after the hook and its checks.
+  using Params = std::vector<const float*>;
+
+  Result<double> Run(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
+                     double normaliser, ModuleHooks& hooks, bool backward);
+  Status CheckBatch(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
+                    double normaliser) const;
+  void EnsureWorkspace(int64_t batch, int64_t seq);
+  BlockActs& acts(int64_t layer) { return recompute_ ? blocks_[0] : blocks_[layer]; }
+  float* block_in(int64_t layer) { return block_in_.data() + layer * rows_ * spec_.n_embd; }
+
+  Result<Params> FetchModule(ModuleHooks& hooks, int module);
+  Status ReleaseModule(ModuleHooks& hooks, int module);
+  Result<ModuleBackward> BeginModule(ModuleHooks& hooks, int module);
+  Status EndModule(ModuleHooks& hooks, int module);
+
+  Status ForwardEmbed(const int32_t* tokens, ModuleHooks& hooks);
+  // Recomputing skips the block's last projection: its output is not needed again.
+  Status ForwardBlock(int64_t layer, bool recomputing, ModuleHooks& hooks);
+  Status ForwardHead(ModuleHooks& hooks);
+  Status BackwardHead(ModuleHooks& hooks);
+  Status BackwardMlp(int64_t layer, ModuleHooks& hooks);
+  Status BackwardAttn(int64_t layer, ModuleHooks& hooks);
+  Status BackwardEmbed(const int32_t* tokens, ModuleHooks& hooks);
+
+  GptSpec spec_;
+  Backend backend_;
+  ModelDecl model_;
+  bool recompute_ = false;
+  int64_t batch_ = 0, seq_ = 0, rows_ = 0;  // the current pass's shape (rows = batch * seq)
+  // block_in_: the input of block l at l * rows * C, the last block's output at L.
+  std::vector<float> block_in_, lnf_, lnf_mean_, lnf_rstd_, logits_, zero_bias_;
+  std::vector<BlockActs> blocks_;  // one per block, or one shared when recomputing
+  std::vector<float> dres_, dtmp_, dwide_, dqkv_, dbias_scratch_;
+};
+
+}  // namespace strata::model
