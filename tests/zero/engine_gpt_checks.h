@@ -148,25 +148,9 @@ inline ChainRun TrainGptReference(const Config& config, const GptSetup& setup, i
         for (size_t i = 0; i < acc[t].size(); ++i) acc[t][i] += dense.grad(t)[i];
       }
     }
-    double sum_sq = 0;
-    for (const auto& g : acc) {
-      for (float e : g) sum_sq += double(e) * e;
-    }
-    const double norm = std::sqrt(sum_sq);
-    double clip = 1;
-    if (config.gradient_clipping > 0 && config.gradient_clipping / (norm + 1e-6) < 1) {
-      clip = config.gradient_clipping / (norm + 1e-6);
-    }
-    adam.step = step + 1;
-    adam.grad_scale = static_cast<float>(clip);
-    for (size_t t = 0; t < num; ++t) {
-      run.status = AdamStepReference(adam, dense.master(t).data(), m[t].data(), v[t].data(),
-                                     GradView{acc[t].data(), DType::kF32}, m[t].size());
-      if (!run.status.ok()) return run;
-    }
+    run.status = ReferenceUpdate(config, step, acc, adam, m, v, dense, run);
+    if (!run.status.ok()) return run;
     run.losses.push_back(loss);
-    run.grad_norms.push_back(norm);
-    run.clip_coefs.push_back(clip);
   }
   for (size_t t = 0; t < num; ++t) run.params.push_back(dense.master(t));
   return run;

@@ -146,6 +146,32 @@ inline ChainRun RunChainEngine(Communicator& world, const Config& config, const 
   return run;
 }
 
+// One step of the references: DeepSpeed's clipping rule (clip = max_norm / (norm + 1e-6)
+// when that is below 1) and AdamStepReference per tensor over the window's summed
+// gradients `acc`; the step's norm and clip go into `run`.
+inline Status ReferenceUpdate(const Config& config, int step, const std::vector<std::vector<float>>& acc,
+                              AdamParams& adam, std::vector<std::vector<float>>& m,
+                              std::vector<std::vector<float>>& v, DenseHooks& dense, ChainRun& run) {
+  double sum_sq = 0;
+  for (const auto& g : acc) {
+    for (float e : g) sum_sq += double(e) * e;
+  }
+  const double norm = std::sqrt(sum_sq);
+  double clip = 1;
+  if (config.gradient_clipping > 0 && config.gradient_clipping / (norm + 1e-6) < 1) {
+    clip = config.gradient_clipping / (norm + 1e-6);
+  }
+  adam.step = step + 1;
+  adam.grad_scale = static_cast<float>(clip);
+  for (size_t t = 0; t < acc.size(); ++t) {
+    STRATA_RETURN_IF_ERROR(AdamStepReference(adam, dense.master(t).data(), m[t].data(), v[t].data(),
+                                             GradView{acc[t].data(), DType::kF32}, m[t].size()));
+  }
+  run.grad_norms.push_back(norm);
+  run.clip_coefs.push_back(clip);
+  return OkStatus();
+}
+
 // The same training on one rank with every parameter dense: micro-batch mb of all
 // `world_size` ranks at once, gradients summed over micro-batches (a tensor without a
 // backward use adds zero), DeepSpeed's clipping rule, AdamStepReference per tensor (as
@@ -184,26 +210,10 @@ inline ChainRun TrainChainReference(const Config& config, const ChainSetup& setu
         for (size_t i = 0; i < acc[t].size(); ++i) acc[t][i] += dense.grad(t)[i];
       }
     }
-    double sum_sq = 0;
-    for (const auto& g : acc) {
-      for (float e : g) sum_sq += double(e) * e;
-    }
-    const double norm = std::sqrt(sum_sq);
-    double clip = 1;
-    if (config.gradient_clipping > 0 && config.gradient_clipping / (norm + 1e-6) < 1) {
-      clip = config.gradient_clipping / (norm + 1e-6);
-    }
-    adam.step = step + 1;
-    adam.grad_scale = static_cast<float>(clip);
-    for (size_t t = 0; t < num; ++t) {
-      run.status = AdamStepReference(adam, dense.master(t).data(), m[t].data(), v[t].data(),
-                                     GradView{acc[t].data(), DType::kF32}, m[t].size());
-      if (!run.status.ok()) return run;
-    }
+    run.status = ReferenceUpdate(config, step, acc, adam, m, v, dense, run);
+    if (!run.status.ok()) return run;
     dense.SyncCompute();
     run.losses.push_back(loss);
-    run.grad_norms.push_back(norm);
-    run.clip_coefs.push_back(clip);
   }
   for (size_t t = 0; t < num; ++t) run.params.push_back(dense.master(t));
   return run;
