@@ -23,8 +23,10 @@ namespace strata::model {
 namespace {
 
 using testing::Golden;
+using testing::MaxAbs;
 using testing::ParamLayout;
 using testing::ParamTensor;
+using testing::RelErr;
 using testing::TinyGpt;
 
 std::vector<float> Random(int64_t n, uint64_t stream, float scale = 1.0f, float offset = 0.0f) {
@@ -40,19 +42,6 @@ std::vector<int32_t> RandomIds(int64_t n, uint64_t stream, int32_t limit) {
                              static_cast<int32_t>((HashUniform(4321, stream, i) + 1.0f) * 0.5f * limit));
   }
   return v;
-}
-
-double MaxAbs(const float* v, int64_t n) {
-  double m = 0;
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::abs(static_cast<double>(v[i])));
-  return m;
-}
-
-// Largest |a - b| relative to the largest |b|.
-double RelErr(const float* a, const float* b, int64_t n) {
-  double err = 0;
-  for (int64_t i = 0; i < n; ++i) err = std::max(err, std::abs(static_cast<double>(a[i]) - b[i]));
-  return err / std::max(MaxAbs(b, n), 1e-30);
 }
 
 double Dot(const std::vector<float>& r, const std::vector<float>& y) {

@@ -22,8 +22,10 @@ using DenseHooks = ::strata::testing::DenseHooks;
 using testing::CheckingHooks;
 using testing::Golden;
 using testing::HashTokens;
+using testing::MaxAbs;
 using testing::ParamLayout;
 using testing::ParamTensor;
+using testing::RelErr;
 
 const Golden& GoldenData() {
   static const Golden* golden = [] {
@@ -51,19 +53,6 @@ GptSpec GoldenSpec() {
 
 ::strata::testing::TensorInit SpecInit(const GptSpec& spec) {
   return [spec](TensorId t, int64_t b, int64_t n, float* out) { InitGptTensor(spec, t, b, n, out); };
-}
-
-double MaxAbs(const float* v, int64_t n) {
-  double m = 0;
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::abs(static_cast<double>(v[i])));
-  return m;
-}
-
-// Largest |a - b| relative to the largest |b|.
-double RelErr(const float* a, const float* b, int64_t n) {
-  double err = 0;
-  for (int64_t i = 0; i < n; ++i) err = std::max(err, std::abs(static_cast<double>(a[i]) - b[i]));
-  return err / std::max(MaxAbs(b, n), 1e-30);
 }
 
 TEST(GptModel, DeclaresTheGoldenTensorOrderAndModulesInExecutionOrder) {

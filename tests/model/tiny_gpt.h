@@ -3,6 +3,8 @@
 // model). Forward and backward here follow that script's PyTorch model op for op.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <string>
@@ -22,6 +24,19 @@ struct ParamTensor {
   std::string name;
   int64_t offset = 0, size = 0;
 };
+
+inline double MaxAbs(const float* v, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::abs(static_cast<double>(v[i])));
+  return m;
+}
+
+// Largest |a - b| relative to the largest |b|: the golden comparisons' measure.
+inline double RelErr(const float* a, const float* b, int64_t n) {
+  double err = 0;
+  for (int64_t i = 0; i < n; ++i) err = std::max(err, std::abs(static_cast<double>(a[i]) - b[i]));
+  return err / std::max(MaxAbs(b, n), 1e-30);
+}
 
 // The tensors in the golden file's order.
 inline std::vector<ParamTensor> ParamLayout(const GptConfig& g) {
