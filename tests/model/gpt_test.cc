@@ -46,7 +46,7 @@ GptSpec GoldenSpec() {
 ::strata::testing::TensorInit GoldenInit() {
   const Golden& g = GoldenData();
   return [&g](TensorId t, int64_t begin, int64_t count, float* out) {
-    const ParamTensor& p = ParamLayout(g.config)[t];
+    const ParamTensor p = ParamLayout(g.config)[t];  // a copy: ParamLayout returns a temporary
     std::copy_n(g.params.data() + p.offset + begin, count, out);
   };
 }
