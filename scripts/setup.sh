@@ -14,6 +14,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libxxhash-dev
   fio python3
   python3-dev python3-venv python3-torch
+  fortunes fortunes-min  # the default text corpus of `strata data prepare`
 )
 
 missing=()

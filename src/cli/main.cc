@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   strata::cli::AddInfoCommand(app);
   strata::cli::AddTrainCommand(app);
+  strata::cli::AddDataCommand(app);
   CLI::App* bench = app.add_subcommand("bench", "offload-bandwidth benchmarks, each figure beside its limit");
   bench->require_subcommand(1);
   strata::cli::AddBenchPcieCommand(*bench);
