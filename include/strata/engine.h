@@ -221,6 +221,15 @@ class Engine : public ModuleHooks {
   // InvalidArgument (id, null data or dtype; nothing changed), otherwise as the hooks.
   Status AccumulateGrad(TensorId tensor, const void* grad, DType dtype);
 
+  // Evaluation passes (a validation loss, sampling): between Step() and the next
+  // micro-batch, SetEvaluating(true) makes Fetch/Release serve forward passes that belong
+  // to no micro-batch. They are not recorded in the call order and start no micro-batch;
+  // at stage 3 they gather on demand and release what no module holds. BeginBackward,
+  // AccumulateGrad, BeginMicroBatch and Step are refused (FailedPrecondition, nothing
+  // changed) until SetEvaluating(false). Inside a micro-batch, or while module hooks hold
+  // chunks: FailedPrecondition.
+  Status SetEvaluating(bool evaluating);
+
   // Marks the start of a micro-batch (the training loop calls it before each forward).
   // The engine counts micro-batches to know which one is the last before Step().
   Status BeginMicroBatch();

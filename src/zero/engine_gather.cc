@@ -201,7 +201,7 @@ Status Engine::Impl::EnsureGathered(int chunk) {
 }
 
 void Engine::Impl::Prefetch(int pos) {
-  if (order->diverged()) return;
+  if (order->diverged() || pos < 0) return;  // off the recording, or an evaluation pass
   const zero::Trace& trace = order->trace();
   for (int p = pos + 1; p <= pos + prefetch_modules && p < trace.size(); ++p) {
     for (int c : zero::GatheredChunks(trace.at(p), layout)) {
@@ -259,7 +259,7 @@ Status Engine::Impl::DropGathered() {
 
 void Engine::Impl::ReleaseGathered(int module, int pos) {
   for (int c : layout.module_chunks[module]) --gathered[c].users;
-  const bool follows = !order->diverged();
+  const bool follows = !order->diverged() && pos >= 0;
   const zero::Trace& trace = order->trace();
   std::vector<int> keep;
   for (int p = pos + 1; follows && p <= pos + prefetch_modules && p < trace.size(); ++p) {

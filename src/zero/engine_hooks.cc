@@ -17,6 +17,7 @@ namespace strata {
 Status Engine::BeginMicroBatch() {
   Impl& s = *impl_;
   STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
+  STRATA_RETURN_IF_ERROR(s.RefuseWhileEvaluating("BeginMicroBatch"));
   if (s.in_micro_batch) {
     STRATA_RETURN_IF_ERROR(s.FailHook(s.EndMicroBatch(), "BeginMicroBatch", s.micro_batch));
     ++s.micro_batch;
@@ -30,6 +31,23 @@ Status Engine::BeginMicroBatch() {
   s.pending_backward = s.order->uses().backward_uses;
   std::fill(s.reduced_final.begin(), s.reduced_final.end(), 0);
   return OkStatus();
+}
+
+Status Engine::SetEvaluating(bool evaluating) {
+  Impl& s = *impl_;
+  STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
+  if (s.in_micro_batch) {
+    return FailedPreconditionError("engine: SetEvaluating inside a micro-batch; call it after Step()");
+  }
+  STRATA_RETURN_IF_ERROR(s.CheckHooksDone());
+  s.evaluating = evaluating;
+  return OkStatus();
+}
+
+Status Engine::Impl::RefuseWhileEvaluating(const char* call) const {
+  if (!evaluating) return OkStatus();
+  return FailedPreconditionError(std::string("engine: ") + call +
+                                 " while evaluating; call SetEvaluating(false) first");
 }
 
 Status Engine::Impl::CheckModule(int module) const {
@@ -75,6 +93,12 @@ Result<ModuleParams> Engine::Fetch(int module) {
   Impl& s = *impl_;
   STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
   STRATA_RETURN_IF_ERROR(s.CheckModule(module));
+  if (s.evaluating) {
+    s.open_pos[module] = -1;  // no trace position: gathered on demand
+    STRATA_RETURN_IF_ERROR(s.FailHook(s.EnterModule(module, -1), "Fetch", module));
+    s.module_start = std::chrono::steady_clock::now();
+    return s.ParamsOf(module);
+  }
   if (!s.in_micro_batch) STRATA_RETURN_IF_ERROR(BeginMicroBatch());
   const int pos = s.order->Note(zero::UseKind::kForward, module);
   s.open_pos[module] = pos;
@@ -101,6 +125,7 @@ Status Engine::Release(int module) {
 Result<ModuleBackward> Engine::BeginBackward(int module) {
   Impl& s = *impl_;
   STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
+  STRATA_RETURN_IF_ERROR(s.RefuseWhileEvaluating("BeginBackward"));
   STRATA_RETURN_IF_ERROR(s.CheckModule(module));
   if (!s.in_micro_batch) STRATA_RETURN_IF_ERROR(BeginMicroBatch());
   for (int c : s.layout.module_chunks[module]) {
@@ -153,6 +178,7 @@ Status Engine::EndBackward(int module) {
 Status Engine::AccumulateGrad(TensorId tensor, const void* grad, DType dtype) {
   Impl& s = *impl_;
   STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
+  STRATA_RETURN_IF_ERROR(s.RefuseWhileEvaluating("AccumulateGrad"));
   if (tensor < 0 || tensor >= static_cast<int>(s.layout.tensors.size()) || grad == nullptr) {
     return InvalidArgumentError("engine: AccumulateGrad of tensor id " + std::to_string(tensor) +
                                 (grad == nullptr ? " with no data" : "") + ": the model declared " +

@@ -328,9 +328,12 @@ struct Engine::Impl {
   std::vector<uint8_t> grad_written;       // by tensor: written since its chunk's buffer was taken
   std::vector<int> open_pos;               // by module: trace position of its latest use
   int open_backward = -1;                  // the module between BeginBackward and EndBackward
-  float* reduce_recv = nullptr;            // device staging for one reduced chunk/shard
-  float* host_recv = nullptr;              // host staging for gradients on the host tier
-  Pool grad_host;                          // grad_tier nvme: pinned shards on their way to disk
+  bool evaluating = false;                 // Engine::SetEvaluating
+  // FailedPrecondition naming `call` while evaluating (it belongs to training).
+  Status RefuseWhileEvaluating(const char* call) const;
+  float* reduce_recv = nullptr;  // device staging for one reduced chunk/shard
+  float* host_recv = nullptr;    // host staging for gradients on the host tier
+  Pool grad_host;                // grad_tier nvme: pinned shards on their way to disk
   int grad_host_count = 0;
 
   // --- threads ---

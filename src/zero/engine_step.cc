@@ -270,6 +270,7 @@ Status Engine::Impl::AllGatherParams() {
 Result<StepResult> Engine::Step() {
   Impl& s = *impl_;
   STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
+  STRATA_RETURN_IF_ERROR(s.RefuseWhileEvaluating("Step"));
   STRATA_RETURN_IF_ERROR(s.CheckHooksDone());
   // Commits record the step_epoch they were made at; StepOnce moves it on at its end.
   const int64_t stepping = s.step_epoch;

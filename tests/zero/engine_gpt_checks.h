@@ -43,7 +43,13 @@ struct GptSetup {
   int64_t micro_batch = 2;  // sequences per rank
   int64_t seq = 16;
   uint64_t data_seed = 11;
+  // After each step, an evaluation pass (Engine::SetEvaluating) over eval_batch sequences
+  // from sample kEvalFirst on; its loss goes into ChainRun::eval_losses.
+  bool evaluate = false;
+  int64_t eval_batch = 3;
 };
+
+inline constexpr int64_t kEvalFirst = 1'000'000;
 
 struct GptVariant {
   std::string name;
@@ -100,6 +106,15 @@ inline ChainRun RunGptEngine(Communicator& world, const Config& config, const Gp
       STRATA_ASSIGN_OR_RETURN(StepResult r, e.Step());
       STRATA_ASSIGN_OR_RETURN(loss, zero::SumInRankOrder(world, loss));
       run.losses.push_back(loss);
+      if (setup.evaluate) {
+        STRATA_RETURN_IF_ERROR(e.SetEvaluating(true));
+        FillGptBatch(setup, kEvalFirst, setup.eval_batch, &tokens, &targets);
+        STRATA_ASSIGN_OR_RETURN(const double eval,
+                                gpt.Forward(tokens.data(), targets.data(), setup.eval_batch, setup.seq,
+                                            static_cast<double>(setup.eval_batch * setup.seq), e));
+        run.eval_losses.push_back(eval);
+        STRATA_RETURN_IF_ERROR(e.SetEvaluating(false));
+      }
       run.grad_norms.push_back(r.grad_norm);
       run.clip_coefs.push_back(r.clip_coef);
     }

@@ -24,6 +24,56 @@ TEST(EngineGpt, RecomputeMatchesTheReference) { CheckGptVariants(World(), Varian
 
 TEST(EngineGpt, UntiedHeadMatchesTheReference) { CheckGptVariants(World(), Variant(3), AllCombos()); }
 
+// Evaluation passes between steps (a validation loss) change no bit of the training, and
+// compute the loss of the parameters the step left: a dense forward over the gathered
+// masters gives the same bits.
+TEST(EngineGpt, EvaluationBetweenStepsChangesNothing) {
+  GptSetup plain = GptVariants()[0].setup, evaluated = plain;
+  evaluated.evaluate = true;
+  for (const Combo& c : AllCombos()) {
+    const std::string what = ComboName(c);
+    const Config config = MakeConfig(c, GptVariants()[0].extra_json);
+    const ChainRun a = RunGptEngine(World(), config, plain);
+    const ChainRun b = RunGptEngine(World(), config, evaluated);
+    ASSERT_TRUE(a.status.ok() && b.status.ok()) << what << ": " << a.status.ToString() << b.status.ToString();
+    EXPECT_EQ(a.losses, b.losses) << what;
+    EXPECT_EQ(a.params, b.params) << what << ": an evaluation pass changed the training";
+    ASSERT_EQ(b.eval_losses.size(), static_cast<size_t>(plain.steps)) << what;
+    model::Gpt gpt(plain.spec);
+    DenseHooks dense(gpt.modules(), DType::kF32, [&b](TensorId t, int64_t begin, int64_t n, float* out) {
+      std::copy_n(b.params[t].data() + begin, n, out);
+    });
+    std::vector<int32_t> tokens, targets;
+    FillGptBatch(plain, kEvalFirst, plain.eval_batch, &tokens, &targets);
+    auto want = gpt.Forward(tokens.data(), targets.data(), plain.eval_batch, plain.seq,
+                            static_cast<double>(plain.eval_batch * plain.seq), dense);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    EXPECT_EQ(b.eval_losses.back(), *want) << what << ": the evaluation saw other parameters";
+  }
+}
+
+TEST(EngineGpt, TrainingCallsAreRefusedWhileEvaluating) {
+  const GptSetup setup = GptVariants()[0].setup;
+  const Config config = MakeConfig({3, "cpu", "nvme"}, GptVariants()[0].extra_json);
+  model::Gpt gpt(setup.spec);
+  auto dev = EngineDevice(config);
+  ASSERT_TRUE(dev.ok());
+  auto engine =
+      Engine::Create(config, gpt.modules(), GptInit(setup.spec), EngineResources{&World(), dev->get()});
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  ASSERT_TRUE(e.SetEvaluating(true).ok());
+  for (const Status& st : {e.BeginMicroBatch(), e.BeginBackward(0).status(), e.Step().status()}) {
+    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+    EXPECT_NE(st.message().find("while evaluating; call SetEvaluating(false) first"), std::string::npos)
+        << st.ToString();
+  }
+  ASSERT_TRUE(e.SetEvaluating(false).ok());
+  ASSERT_TRUE(e.BeginMicroBatch().ok()) << "refusals change nothing: training goes on";
+  const Status inside = e.SetEvaluating(true);
+  EXPECT_EQ(inside.code(), StatusCode::kFailedPrecondition) << inside.ToString();
+}
+
 // The engine hands out bf16 parameters; the GPT's CPU kernels have no 16-bit path yet.
 TEST(EngineGpt, Bf16ComputeIsRefusedByTheDriver) {
   const GptSetup setup{GptVariants()[0].setup};
