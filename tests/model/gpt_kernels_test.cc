@@ -23,6 +23,7 @@ namespace strata::model {
 namespace {
 
 using testing::Golden;
+using testing::GoldenData;
 using testing::MaxAbs;
 using testing::ParamLayout;
 using testing::ParamTensor;
@@ -86,16 +87,6 @@ void RunWithThreads(int threads, F&& fn) {
     tbb::task_arena arena(threads);
     arena.execute(fn);
   }
-}
-
-const Golden& GoldenData() {
-  static const Golden* golden = [] {
-    auto* g = new Golden;
-    const std::string error = testing::ReadGolden(std::string(STRATA_TEST_DATA_DIR) + "/gpt_golden.bin", g);
-    EXPECT_EQ(error, "");
-    return g;
-  }();
-  return *golden;
 }
 
 struct GptRun {

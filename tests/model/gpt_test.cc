@@ -21,21 +21,12 @@ namespace {
 using DenseHooks = ::strata::testing::DenseHooks;
 using testing::CheckingHooks;
 using testing::Golden;
+using testing::GoldenData;
 using testing::HashTokens;
 using testing::MaxAbs;
 using testing::ParamLayout;
 using testing::ParamTensor;
 using testing::RelErr;
-
-const Golden& GoldenData() {
-  static const Golden* golden = [] {
-    auto* g = new Golden;
-    const std::string error = testing::ReadGolden(std::string(STRATA_TEST_DATA_DIR) + "/gpt_golden.bin", g);
-    EXPECT_EQ(error, "");
-    return g;
-  }();
-  return *golden;
-}
 
 GptSpec GoldenSpec() {
   const testing::GptConfig& c = GoldenData().config;

@@ -12,6 +12,7 @@
 
 #include "strata/gpt_kernels.h"
 #include "strata/mlp_kernels.h"
+#include "strata/status.h"
 
 namespace strata::model::testing {
 
@@ -222,5 +223,16 @@ class TinyGpt {
   std::vector<Layer> layers_;
   std::vector<float> out_, lnf_, lnf_mean_, lnf_rstd_, logits_;
 };
+
+// tests/data/gpt_golden.bin, read once (a test program that cannot read it stops there).
+inline const Golden& GoldenData() {
+  static const Golden* golden = [] {
+    auto* g = new Golden;
+    const std::string error = ReadGolden(std::string(STRATA_TEST_DATA_DIR) + "/gpt_golden.bin", g);
+    STRATA_CHECK_MSG(error.empty(), error);
+    return g;
+  }();
+  return *golden;
+}
 
 }  // namespace strata::model::testing

@@ -118,18 +118,9 @@ inline ChainRun RunGptEngine(Communicator& world, const Config& config, const Gp
       run.grad_norms.push_back(r.grad_norm);
       run.clip_coefs.push_back(r.clip_coef);
     }
-    STRATA_RETURN_IF_ERROR(e.Flush());
-    for (size_t t = 0; t < gpt.modules().tensors.size(); ++t) {
-      run.params.emplace_back();
-      STRATA_RETURN_IF_ERROR(e.GatherMaster(static_cast<TensorId>(t), &run.params.back()));
-    }
     return OkStatus();
   };
-  run.status = train();
-  run.device_high_water = (*dev)->high_water();
-  run.device_capacity = (*dev)->capacity();
-  run.layout = e.layout_info();
-  return run;
+  return FinishRun(std::move(run), train(), e, **dev, gpt.modules().tensors.size());
 }
 
 // The same training on one rank with every parameter dense (TrainChainReference's steps).

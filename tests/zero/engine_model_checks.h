@@ -97,6 +97,21 @@ inline ChainRun FailedRun(Status status) {
   return run;
 }
 
+// Ends an engine run: after `trained`, waits for the writes behind the last step and
+// gathers the masters of the `tensors` tensors (collective); the device's figures.
+inline ChainRun FinishRun(ChainRun run, Status trained, Engine& e, Device& dev, size_t tensors) {
+  run.status = trained;
+  if (run.status.ok()) run.status = e.Flush();
+  for (size_t t = 0; t < tensors && run.status.ok(); ++t) {
+    run.params.emplace_back();
+    run.status = e.GatherMaster(static_cast<TensorId>(t), &run.params.back());
+  }
+  run.device_high_water = dev.high_water();
+  run.device_capacity = dev.capacity();
+  run.layout = e.layout_info();
+  return run;
+}
+
 // Trains `setup` with the engine on this rank's slices of the data (every rank calls it).
 inline ChainRun RunChainEngine(Communicator& world, const Config& config, const ChainSetup& setup) {
   ChainRun run;
@@ -133,18 +148,9 @@ inline ChainRun RunChainEngine(Communicator& world, const Config& config, const 
       run.grad_norms.push_back(r.grad_norm);
       run.clip_coefs.push_back(r.clip_coef);
     }
-    STRATA_RETURN_IF_ERROR(e.Flush());
-    for (size_t t = 0; t < setup.model.tensors.size(); ++t) {
-      run.params.emplace_back();
-      STRATA_RETURN_IF_ERROR(e.GatherMaster(static_cast<TensorId>(t), &run.params.back()));
-    }
     return OkStatus();
   };
-  run.status = train();
-  run.device_high_water = (*dev)->high_water();
-  run.device_capacity = (*dev)->capacity();
-  run.layout = e.layout_info();
-  return run;
+  return FinishRun(std::move(run), train(), e, **dev, setup.model.tensors.size());
 }
 
 // One step of the references: DeepSpeed's clipping rule (clip = max_norm / (norm + 1e-6)
