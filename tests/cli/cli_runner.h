@@ -8,7 +8,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -85,5 +88,22 @@ inline CliRun RunStrata(const std::vector<std::string>& args, const std::string&
                         int sig = 0) {
   return RunProgram(STRATA_BINARY, args, signal_after, [sig](pid_t pid) { ::kill(pid, sig); });
 }
+
+// A fixture with a fresh folder of its own under the temp directory (named by `prefix` and
+// the pid), removed after each test.
+class ScratchDirTest : public ::testing::Test {
+ protected:
+  explicit ScratchDirTest(const std::string& prefix) : prefix_(prefix) {}
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / (prefix_ + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+
+ private:
+  std::string prefix_;
+};
 
 }  // namespace strata::testing

@@ -19,14 +19,9 @@ using testing::CliRun;
 using ::testing::HasSubstr;
 using testing::RunStrata;
 
-class DataCli : public ::testing::Test {
+class DataCli : public testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("strata-data-cli-test-" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  DataCli() : ScratchDirTest("strata-data-cli-test-") {}
 
   std::string WriteText(const std::string& name, size_t bytes) {
     const std::string path = (dir_ / name).string();
@@ -35,8 +30,6 @@ class DataCli : public ::testing::Test {
     for (size_t n = 0; n < bytes; n += line.size()) out << line.substr(0, std::min(line.size(), bytes - n));
     return path;
   }
-
-  fs::path dir_;
 };
 
 TEST_F(DataCli, PrepareWritesTrainAndValidationAndInfoReadsThem) {

@@ -22,15 +22,13 @@ namespace fs = std::filesystem;
 using testing::CliRun;
 using testing::RunStrata;
 
-class TrainCli : public ::testing::Test {
+class TrainCli : public testing::ScratchDirTest {
  protected:
+  TrainCli() : ScratchDirTest("strata-cli-test-") {}
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("strata-cli-test-" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    ScratchDirTest::SetUp();
     swap_ = (dir_ / "swap").string();
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   std::string WriteConfig(const std::string& text) {
     const std::string path = (dir_ / "ds.json").string();
@@ -63,7 +61,6 @@ class TrainCli : public ::testing::Test {
     for (auto it = fs::directory_iterator(swap_, ec); !ec && it != fs::directory_iterator(); ++it) ++n;
     return n;
   }
-  fs::path dir_;
   std::string swap_;
 };
 
