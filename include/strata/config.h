@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "strata/lr_schedule.h"
 #include "strata/status.h"
 
 namespace strata {
@@ -117,6 +118,13 @@ struct Config {
   int train_micro_batch_size_per_gpu = 0;
   int train_batch_size = 0;
   OptimizerConfig optimizer;
+  // DeepSpeed's `scheduler` block: the learning rate of each optimizer step, with
+  // LearningRateAt(scheduler, step, optimizer.lr) (lr_schedule.h). Absent: kConstant,
+  // optimizer.lr every step.
+  LrSchedule scheduler;
+  // DeepSpeed's `activation_checkpointing` block is present: a model that can recompute
+  // activations in the backward does (model::Gpt: every block, Gpt::set_recompute).
+  bool activation_checkpointing = false;
   StrataConfig strata;
   uint64_t seed = 1234;
 };

@@ -230,6 +230,19 @@ class Engine : public ModuleHooks {
   // chunks: FailedPrecondition.
   Status SetEvaluating(bool evaluating);
 
+  // Sets the learning rate of every optimizer step from the next one on (until then:
+  // optimizer.params.lr). A schedule's rate for the next step is LearningRateAt
+  // (lr_schedule.h). Call it between Step() (or Create) and the next BeginMicroBatch:
+  // chunks are stepped speculatively during a window's backward, so the rate must not
+  // change inside one. Every rank must set the same rate (not checked: replicas and
+  // shards would drift apart). Errors, nothing changed: InvalidArgument for a rate that
+  // is negative or not finite in fp32; FailedPrecondition inside a micro-batch or an open
+  // accumulation window (BeginMicroBatch, or a hook that began one, since the last
+  // Step()), or once the engine has failed.
+  Status SetLearningRate(double lr);
+  // The rate the next step uses, in fp32 as the optimizer applies it.
+  double learning_rate() const;
+
   // Marks the start of a micro-batch (the training loop calls it before each forward).
   // The engine counts micro-batches to know which one is the last before Step().
   Status BeginMicroBatch();

@@ -1,6 +1,7 @@
-// `strata train` and `strata bench step`: the reference MLP trained by the engine.
-// A flag overrides the config file's key only when it is given; what neither sets
-// keeps the config's default (or the tool's, named in the start-up summary).
+// `strata train` (the GPT on token files by default, or the reference MLP) and `strata
+// bench step` (the MLP). A flag overrides the config file's key only when it is given;
+// what neither sets keeps the config's default (or the tool's, named in the start-up
+// summary). A flag of the model not chosen is refused, not ignored.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -10,18 +11,28 @@
 #include <set>
 
 #include "cli/commands.h"
+#include "cli/gpt_flags.h"
+#include "cli/gpt_train_job.h"
 #include "cli/interrupt.h"
 #include "cli/train_job.h"
 #include "strata/comm.h"
+#include "strata/token_data.h"
 #include "strata/units.h"
 #include "tools/step_bench.h"
 
 namespace strata::cli {
 namespace {
 
-constexpr int kDefaultMicroBatch = 32;
+constexpr int kDefaultMicroBatch = 32;    // MLP samples
+constexpr int kDefaultGptMicroBatch = 8;  // GPT sequences
 
 struct TrainFlags {
+  std::string model = "mlp";  // `strata train` makes gpt the default
+  GptFlags gpt;
+  std::vector<CLI::Option*> mlp_options;  // --params, --depth
+  CLI::Option* steps_option = nullptr;
+  int mlp_steps = 0;  // --model mlp without --steps
+  std::optional<double> lr;
   std::string config_path;
   std::string params = "20M";  // with the default chunk size: a few chunks, seconds per step
   int depth = 4;
@@ -39,8 +50,10 @@ void AddFlags(CLI::App* cmd, TrainFlags* f, int default_steps) {
   f->steps = default_steps;
   cmd->add_option("--config", f->config_path,
                   "JSON config (DeepSpeed keys + strata block); a flag given overrides its key");
-  cmd->add_option("--params", f->params, "MLP parameter count, e.g. 20M, 2e9")->capture_default_str();
-  cmd->add_option("--depth", f->depth, "hidden layers")->capture_default_str();
+  f->mlp_options = {
+      cmd->add_option("--params", f->params, "MLP parameter count, e.g. 20M, 2e9")->capture_default_str(),
+      cmd->add_option("--depth", f->depth, "MLP hidden layers")->capture_default_str()};
+  cmd->add_option("--lr", f->lr, "optimizer.params.lr");
   cmd->add_option("--stage", f->stage, "zero_optimization.stage (0-3)");
   cmd->add_option("--offload-optimizer", f->offload_optimizer,
                   "zero_optimization.offload_optimizer.device: none|cpu|nvme");
@@ -52,7 +65,7 @@ void AddFlags(CLI::App* cmd, TrainFlags* f, int default_steps) {
   cmd->add_option("--device-budget", f->device_budget, "strata.device_budget, e.g. 2GiB");
   cmd->add_option("--host-budget", f->host_budget, "strata.host_budget, e.g. 4GiB");
   cmd->add_option("--chunk-size", f->chunk_size, "strata.chunk_size, e.g. 64MiB (default 16MiB here)");
-  cmd->add_option("--steps", f->steps, "steps to run")->capture_default_str();
+  f->steps_option = cmd->add_option("--steps", f->steps, "steps to run")->capture_default_str();
   cmd->add_option("--micro-batch", f->micro_batch,
                   "train_micro_batch_size_per_gpu: samples per rank per micro-batch (default 32)");
   cmd->add_option("--gradient-accumulation-steps", f->accumulation, "gradient_accumulation_steps");
@@ -61,6 +74,19 @@ void AddFlags(CLI::App* cmd, TrainFlags* f, int default_steps) {
   cmd->add_flag("--no-overlap", f->no_overlap, "strata.overlap false");
   cmd->add_flag("--json", f->json, "print the report as JSON");
   cmd->add_option("--trace", f->trace, "write a Chrome trace (open in Perfetto)");
+}
+
+// A flag given for the model that was not chosen would silently do nothing.
+Status CheckModelFlags(const TrainFlags& f) {
+  const bool gpt = f.model == "gpt";
+  for (const CLI::Option* o : gpt ? f.mlp_options : f.gpt.options) {
+    if (o->count() > 0) {
+      return InvalidArgumentError(o->get_name() + " is a flag of --model " + (gpt ? "mlp" : "gpt") +
+                                  ", and this run trains --model " + f.model +
+                                  "; drop it or choose the other model");
+    }
+  }
+  return gpt ? CheckGptFlags(f.gpt) : OkStatus();
 }
 
 Result<nlohmann::json> ReadConfigFile(const std::string& path) {
@@ -151,7 +177,14 @@ Result<Config> BuildConfig(const TrainFlags& f, std::map<std::string, std::strin
   Apply(s, "host_budget", "strata.host_budget", f.host_budget, "--host-budget", origin);
   Apply(s, "chunk_size", "strata.chunk_size", f.chunk_size, "--chunk-size", origin);
   // Several chunks even for small models, so the pipeline shows.
-  if (!s.contains("chunk_size")) s["chunk_size"] = "16MiB";
+  if (!s.contains("chunk_size")) s["chunk_size"] = f.model == "gpt" ? "1MiB" : "16MiB";
+  if (f.lr) {
+    j["optimizer"]["params"]["lr"] = *f.lr;
+    (*origin)["optimizer.params.lr"] = "--lr";
+  } else if (j.contains("optimizer") && j["optimizer"].contains("params") &&
+             j["optimizer"]["params"].contains("lr")) {
+    (*origin)["optimizer.params.lr"] = "the config file";
+  }
   if (f.no_overlap) s["overlap"] = false;
   if (!f.trace.empty()) s["trace_file"] = f.trace;
   Apply(j, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu", f.micro_batch, "--micro-batch",
@@ -202,28 +235,64 @@ struct Prepared {
 
 Prepared Prepare(const TrainFlags& f, std::map<std::string, std::string>* origin) {
   ThrowIfError(CheckCounts(f));
+  ThrowIfError(CheckModelFlags(f));
   auto config = BuildConfig(f, origin);
   ThrowIfError(config.status());
-  auto model = BuildModel(f, config->seed);
-  ThrowIfError(model.status());
+  model::MlpSpec mlp;
+  if (f.model == "mlp" && config->activation_checkpointing) {
+    throw CliError(InvalidArgumentError(
+        "activation_checkpointing: the reference MLP (--model mlp, bench step) has no activation recompute; "
+        "remove the block, or train the GPT, which recomputes every block in backward"));
+  }
+  if (f.model == "mlp") {
+    auto model = BuildModel(f, config->seed);
+    ThrowIfError(model.status());
+    mlp = *model;
+  }
   auto world = InitWorld(CommOptions{"world", config->strata.collective_timeout_s});
   ThrowIfError(world.status());
-  ThrowIfError(ResolveBatchSizes(&*config, (*world)->size(), kDefaultMicroBatch));
-  return {*config, *model, std::move(*world)};
+  ThrowIfError(ResolveBatchSizes(&*config, (*world)->size(),
+                                 f.model == "gpt" ? kDefaultGptMicroBatch : kDefaultMicroBatch));
+  return {*config, mlp, std::move(*world)};
 }
 
-void RunTrain(const TrainFlags& f) {
-  // Before MPI and oneTBB start threads, so that they inherit the blocked signals.
-  InterruptGuard guard(InterruptGuard::Options{f.keep_swap});
-  TrainJob job;
-  Prepared p = Prepare(f, &job.origin);
-  job.config = p.config;
-  job.model = p.model;
-  job.data_seed = p.config.seed + 1;
+// The GPT's job; the data is found (or the default corpus prepared) before MPI starts.
+GptTrainJob PrepareGpt(const TrainFlags& f, Prepared* p) {
+  GptTrainJob job;
+  const GptFlags& g = f.gpt;
+  ThrowIfError(CheckModelFlags(f));  // before the flags make a model
+  auto paths = FindOrPrepareData(g);
+  ThrowIfError(paths.status());
+  auto train = model::TokenFile::Open(paths->train);
+  ThrowIfError(train.status().WithContext("training data"));
+  auto spec = GptSpecFromFlags(g, train->vocab(), 0);
+  ThrowIfError(spec.status());
+  *p = Prepare(f, &job.origin);
+  job.model = *spec;
+  job.model.seed = p->config.seed;
+  job.config = p->config;
+  job.seq = g.seq;
+  job.train_path = paths->train;
+  job.val_path = paths->val;
+  job.data_seed = p->config.seed + 1;
   job.steps = f.steps;
+  job.eval_every = g.eval_every;
+  job.eval_batches = g.eval_batches;
+  job.sample_tokens = g.sample;
+  job.temperature = g.temperature;
+  job.prompt = g.prompt;
+  job.log_path = g.log_path;
   job.json = f.json;
-  if (p.world->rank() == 0) NoteMissingSwapDirs(job.config);
-  const int code = RunTrainJob(*p.world, job, guard);
+  if (paths->prepared && p->world->rank() == 0) {
+    std::fprintf(stderr, "strata: tokenised the default corpus (%s) into %s and %s\n",
+                 model::kDefaultCorpusDir, paths->train.c_str(), paths->val.c_str());
+  }
+  return job;
+}
+
+// Ends the process after an interrupt or a failure the job reported with an exit status;
+// returns normally after a run that succeeded.
+void Finish(int code, Prepared& p) {
   if (code != 0) {
     std::fflush(stdout);
     std::fflush(stderr);
@@ -231,6 +300,27 @@ void RunTrain(const TrainFlags& f) {
   }
   p.world.reset();
   ThrowIfError(FinalizeWorld());
+}
+
+void RunTrain(const TrainFlags& f) {
+  // Before MPI and oneTBB start threads, so that they inherit the blocked signals.
+  InterruptGuard guard(InterruptGuard::Options{f.keep_swap});
+  if (f.model == "gpt") {
+    Prepared p;
+    const GptTrainJob job = PrepareGpt(f, &p);
+    if (p.world->rank() == 0) NoteMissingSwapDirs(job.config);
+    Finish(RunGptTrainJob(*p.world, job, guard), p);
+    return;
+  }
+  TrainJob job;
+  Prepared p = Prepare(f, &job.origin);
+  job.steps = f.steps_option->count() || !f.mlp_steps ? f.steps : f.mlp_steps;
+  job.config = p.config;
+  job.model = p.model;
+  job.data_seed = p.config.seed + 1;
+  job.json = f.json;
+  if (p.world->rank() == 0) NoteMissingSwapDirs(job.config);
+  Finish(RunTrainJob(*p.world, job, guard), p);
 }
 
 // `bench swap` measures the engine's NVMe swap: a run that puts nothing on NVMe would
@@ -289,9 +379,15 @@ void RunBench(const TrainFlags& f, bool swap) {
 
 void AddTrainCommand(CLI::App& app) {
   auto* f = new TrainFlags;  // lives as long as the process, like the App
-  auto* cmd =
-      app.add_subcommand("train", "train the reference MLP with the ZeRO engine (mpirun for several ranks)");
-  AddFlags(cmd, f, 10);
+  f->model = "gpt";
+  auto* cmd = app.add_subcommand(
+      "train", "train a GPT on text (or the reference MLP) with the ZeRO engine (mpirun for several ranks)");
+  AddFlags(cmd, f, 600);
+  f->mlp_steps = 10;
+  AddGptFlags(cmd, &f->gpt);
+  cmd->add_option("--model", f->model, "gpt: a GPT on token files; mlp: the reference MLP on synthetic data")
+      ->check(CLI::IsMember({"gpt", "mlp"}))
+      ->capture_default_str();
   cmd->add_flag("--keep-swap", f->keep_swap,
                 "on SIGINT/SIGTERM, keep the swap files for inspection (named on exit)");
   cmd->callback([f] { RunTrain(*f); });

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/interrupt.h"
+#include "cli/run_setup.h"
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/model.h"
@@ -21,7 +22,7 @@ struct TrainJob {
   bool json = false;  // the report as JSON at the end instead of text lines
   // Where a setting came from, for the start-up summary: config key path ->
   // "--flag", "the config file" or a default's description. Absent: not mentioned.
-  std::map<std::string, std::string> origin;
+  Origins origin;
 };
 
 // Runs the job, collective over `world`. Returns the process's exit status: 0, or

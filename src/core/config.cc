@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/config_training.h"
 #include "core/json_reader.h"
 #include "strata/units.h"
 
@@ -282,11 +283,23 @@ Result<Config> ParseConfig(const nlohmann::json& doc) {
   STRATA_RETURN_IF_ERROR(r.Int("train_micro_batch_size_per_gpu", 1, 1 << 24, &c.train_micro_batch_size_per_gpu));
   STRATA_RETURN_IF_ERROR(r.Int("train_batch_size", 1, 1 << 30, &c.train_batch_size));
   STRATA_RETURN_IF_ERROR(r.UInt64("seed", &c.seed));
-  for (const char* k : {"scheduler", "activation_checkpointing", "amp", "wall_clock_breakdown",
-                        "flops_profiler", "tensorboard", "wandb", "compression_training",
-                        "data_efficiency", "pipeline", "gradient_predivide_factor",
-                        "prescale_gradients", "communication_data_type", "sparse_attention",
-                        "elasticity", "checkpoint", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"}) {
+  {
+    STRATA_ASSIGN_OR_RETURN(JsonReader s, r.ObjectOrEmpty("scheduler"));
+    if (doc.contains("scheduler")) {
+      STRATA_RETURN_IF_ERROR(core::ReadScheduler(s, doc.at("scheduler"), &c.scheduler));
+    }
+  }
+  {
+    STRATA_ASSIGN_OR_RETURN(JsonReader s, r.ObjectOrEmpty("activation_checkpointing"));
+    c.activation_checkpointing = doc.contains("activation_checkpointing");
+    if (c.activation_checkpointing) {
+      STRATA_RETURN_IF_ERROR(core::ReadActivationCheckpointing(s, doc.at("activation_checkpointing")));
+    }
+  }
+  for (const char* k : {"amp", "wall_clock_breakdown", "flops_profiler", "tensorboard", "wandb",
+                        "compression_training", "data_efficiency", "pipeline", "gradient_predivide_factor",
+                        "prescale_gradients", "communication_data_type", "sparse_attention", "elasticity",
+                        "checkpoint", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"}) {
     STRATA_RETURN_IF_ERROR(r.Unsupported(k, ""));
   }
   STRATA_RETURN_IF_ERROR(r.Ignore("steps_per_print"));
@@ -349,6 +362,9 @@ nlohmann::json ConfigToJson(const Config& c) {
                       {"betas", {c.optimizer.beta1, c.optimizer.beta2}},
                       {"eps", c.optimizer.eps},
                       {"weight_decay", c.optimizer.weight_decay}}}};
+  // Absent blocks stay absent: their absence is what means "off".
+  if (c.scheduler.type != LrScheduleType::kConstant) j["scheduler"] = core::SchedulerToJson(c.scheduler);
+  if (c.activation_checkpointing) j["activation_checkpointing"] = core::ActivationCheckpointingToJson();
   const StrataConfig& s = c.strata;
   j["strata"] = {{"device", DeviceKindName(s.device)},
                  {"device_index", s.device_index},

@@ -10,7 +10,7 @@
 #include "strata/engine.h"
 #include "strata/timeline.h"
 #include "strata/units.h"
-#include "tools/mlp_engine.h"
+#include "tools/model_engine.h"
 
 namespace strata::tools {
 namespace {
@@ -26,7 +26,7 @@ std::string SwapDir(const Config& c) {
 }
 
 Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const TrainSpec& spec, Timeline* timeline) {
-  STRATA_ASSIGN_OR_RETURN(MlpEngine setup, CreateMlpEngine(world, config, spec.model, timeline));
+  STRATA_ASSIGN_OR_RETURN(ModelEngine setup, CreateMlpEngine(world, config, spec.model, timeline));
   Engine* engine = setup.engine.get();
   TrainSpec run_spec = spec;
   run_spec.steps = spec.steps + 1;  // one warm-up step records the pattern and touches memory

@@ -7,6 +7,9 @@
 // same on every rank (which is what makes the collectives match).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
 
 #include "strata/grad_stats.h"
 #include "strata/log.h"
@@ -43,6 +46,29 @@ Status Engine::SetEvaluating(bool evaluating) {
   s.evaluating = evaluating;
   return OkStatus();
 }
+
+Status Engine::SetLearningRate(double lr) {
+  Impl& s = *impl_;
+  if (!(lr >= 0 && std::isfinite(static_cast<float>(lr)))) {
+    char text[64];
+    std::snprintf(text, sizeof(text), "%g", lr);
+    return InvalidArgumentError(std::string("engine: SetLearningRate(") + text +
+                                "): the learning rate must be a finite fp32 number >= 0");
+  }
+  STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
+  if (s.in_micro_batch) {
+    return FailedPreconditionError("engine: SetLearningRate inside an accumulation window (micro-batch " +
+                                   std::to_string(s.micro_batch + 1) + " of " +
+                                   std::to_string(s.config.gradient_accumulation_steps) +
+                                   "); call it after Step(), before the next BeginMicroBatch");
+  }
+  // Every step path copies `adam` when it steps a chunk, speculative steps included;
+  // none is in flight outside a window.
+  s.adam.lr = static_cast<float>(lr);
+  return OkStatus();
+}
+
+double Engine::learning_rate() const { return impl_->adam.lr; }
 
 Status Engine::Impl::RefuseWhileEvaluating(const char* call) const {
   if (!evaluating) return OkStatus();

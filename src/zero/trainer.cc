@@ -8,8 +8,10 @@
 #include "strata/grad_stats.h"
 #include "strata/half.h"
 #include "strata/loss_scaler.h"
+#include "strata/lr_schedule.h"
 #include "strata/mlp_kernels.h"
 #include "zero/adam_config.h"
+#include "zero/timed_hooks.h"
 
 namespace strata::zero {
 namespace {
@@ -17,43 +19,6 @@ namespace {
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
-
-// Forwards the hooks to the engine and adds up the time spent inside them.
-class TimedHooks : public ModuleHooks {
- public:
-  TimedHooks(Engine& engine, const TrainSpec& spec)
-      : engine_(engine), before_backward_(spec.before_backward), check_stop_(spec.check_stop) {}
-  double seconds = 0;
-
- private:
-  template <typename F>
-  auto Time(F&& f) -> decltype(f()) {
-    if (check_stop_) STRATA_RETURN_IF_ERROR(check_stop_());
-    auto t0 = std::chrono::steady_clock::now();
-    auto r = f();
-    seconds += Seconds(t0, std::chrono::steady_clock::now());
-    return r;
-  }
-  Engine& engine_;
-  const std::function<void(int)>& before_backward_;
-  const std::function<Status()>& check_stop_;
-
- public:
-  Result<ModuleParams> Fetch(int m) override {
-    return Time([&] { return engine_.Fetch(m); });
-  }
-  Status Release(int m) override {
-    return Time([&] { return engine_.Release(m); });
-  }
-  Result<ModuleBackward> BeginBackward(int m) override {
-    auto r = Time([&] { return engine_.BeginBackward(m); });
-    if (r.ok() && before_backward_) before_backward_(m);
-    return r;
-  }
-  Status EndBackward(int m) override {
-    return Time([&] { return engine_.EndBackward(m); });
-  }
-};
 
 }  // namespace
 
@@ -77,10 +42,13 @@ Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Conf
   model::Batch batch;
   TrainLog log;
   const int accum = config.gradient_accumulation_steps;
+  int64_t applied = 0;  // the schedule advances on applied steps only, as DeepSpeed's
   for (int step = 0; step < spec.steps; ++step) {
     double loss = 0;
+    const double lr = LearningRateAt(config.scheduler, applied, config.optimizer.lr);
+    STRATA_RETURN_IF_ERROR(engine.SetLearningRate(lr));
     const double scale = engine.loss_scale();
-    TimedHooks hooks(engine, spec);
+    TimedHooks hooks(engine, spec.check_stop, spec.before_backward);
     StepTiming timing;
     if (spec.step_boundary) spec.step_boundary(step, /*end=*/false);
     auto t0 = std::chrono::steady_clock::now();
@@ -99,12 +67,14 @@ Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Conf
     // The last step's writes behind would finish after the loop: count them in its time.
     if (step + 1 == spec.steps) STRATA_RETURN_IF_ERROR(engine.Flush());
     timing.forward_backward_s = Seconds(t0, t1);
-    timing.hooks_s = hooks.seconds;
+    timing.hooks_s = hooks.seconds();
     timing.step_s = Seconds(t1, std::chrono::steady_clock::now());
     if (spec.step_boundary) spec.step_boundary(step, /*end=*/true);
     log.timing.push_back(timing);
     STRATA_ASSIGN_OR_RETURN(loss, SumInRankOrder(world, loss));
     log.losses.push_back(loss);
+    log.lrs.push_back(lr);
+    applied += r.skipped ? 0 : 1;
     log.skipped.push_back(r.skipped);
     log.loss_scales.push_back(r.loss_scale);
     log.clip_coefs.push_back(r.clip_coef);
@@ -204,10 +174,12 @@ Result<ReferenceRun> TrainReference(const Config& config, const TrainSpec& spec,
       if (c < 1) clip = c;
     }
     run.log.losses.push_back(loss);
+    run.log.lrs.push_back(LearningRateAt(config.scheduler, steps_taken, config.optimizer.lr));
     run.log.skipped.push_back(overflow);
     run.log.loss_scales.push_back(scale);
     run.log.clip_coefs.push_back(clip);
     if (!overflow) {
+      ref.adam.lr = static_cast<float>(run.log.lrs.back());
       ref.adam.step = ++steps_taken;
       ref.adam.grad_scale = clip == 1 ? scaler.grad_scale() : static_cast<float>(clip / scale);
       for (int k = 0; k < ref.dense.num_modules(); ++k) {

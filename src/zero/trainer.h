@@ -43,6 +43,7 @@ struct StepTiming {
 struct TrainLog {
   std::vector<StepTiming> timing;
   std::vector<double> losses;       // global mean loss of each step (before its update)
+  std::vector<double> lrs;          // the learning rate of each step (config.scheduler)
   std::vector<bool> skipped;        // fp16 overflow steps
   std::vector<double> loss_scales;  // the scale each step's backward used
   std::vector<double> clip_coefs;
@@ -53,8 +54,9 @@ struct TrainLog {
 // bits (collective over `world`; `value` itself at world size 1).
 Result<double> SumInRankOrder(Communicator& world, double value);
 
-// Runs spec.steps steps of the engine. Every rank calls it; the loss is reduced over
-// `world` (host collectives, issued after each Step).
+// Runs spec.steps steps of the engine at the learning rates of config.scheduler. Every
+// rank calls it; the loss is reduced over `world` (host collectives, issued after each
+// Step).
 // `on_step`, when given, is called on every rank after each step, once its global
 // loss is in `log` (log.losses.size() == step + 1): live progress.
 Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Config& config,

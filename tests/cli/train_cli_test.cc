@@ -37,7 +37,7 @@ class TrainCli : public testing::ScratchDirTest {
   }
   // A small stage-3 NVMe run: a few chunks, well under a second per step.
   std::vector<std::string> Small(std::vector<std::string> extra, int steps = 2) {
-    std::vector<std::string> a{"train", "--depth", "2", "--chunk-size", "4MiB", "--nvme-path", swap_};
+    std::vector<std::string> a{"train", "--model", "mlp", "--depth", "2", "--chunk-size", "4MiB", "--nvme-path", swap_};
     if (std::find(extra.begin(), extra.end(), "--params") == extra.end())
       a.insert(a.end(), {"--params", "2M"});
     if (std::find(extra.begin(), extra.end(), "--steps") == extra.end()) {
@@ -105,7 +105,7 @@ TEST_F(TrainCli, FlagsOverrideOnlyWhenGiven) {
     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
                   other + R"("}}})");
   nlohmann::json j =
-      Json(RunStrata({"train", "--params", "2M", "--depth", "2", "--steps", "1", "--config", cfg, "--json"}));
+      Json(RunStrata({"train", "--model", "mlp", "--params", "2M", "--depth", "2", "--steps", "1", "--config", cfg, "--json"}));
   EXPECT_EQ(j["config"]["strata"]["chunk_size"], 8u << 20);
   EXPECT_EQ(j["config"]["strata"]["host_budget"], 3ull << 30);
   EXPECT_EQ(j["config"]["zero_optimization"]["offload_optimizer"]["nvme_path"][0], other);

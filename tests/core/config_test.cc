@@ -169,7 +169,10 @@ TEST(Config, CrossKeyRules) {
 }
 
 TEST(Config, NotYetSupportedKeysAreRejectedNotIgnored) {
-  ExpectError(R"({"scheduler": {"type": "WarmupLR"}})", {"scheduler", "not supported yet"});
+  ExpectError(R"({"scheduler": {"type": "OneCycle", "params": {}}})",
+              {"scheduler.type", "not supported yet"});
+  ExpectError(R"({"activation_checkpointing": {"cpu_checkpointing": true}})",
+              {"activation_checkpointing.cpu_checkpointing", "not supported yet"});
   ExpectError(R"({"zero_optimization": {"zero_quantized_weights": true}})",
               {"zero_quantized_weights", "not supported yet"});
   ExpectError(R"({"zero_optimization": {"reduce_scatter": false}})", {"reduce_scatter", "not supported yet"});
@@ -262,6 +265,141 @@ TEST(Config, RoundTripsThroughCanonicalJson) {
   EXPECT_FALSE(again->strata.overlap);
   EXPECT_EQ(again->strata.gradients, "nvme");
   EXPECT_EQ(again->zero.offload_param.device, OffloadDevice::kCpu);
+}
+
+// DeepSpeed's scheduler block: the type and its params, DeepSpeed's defaults where absent.
+TEST(Config, SchedulerBlockReadsDeepSpeedsParams) {
+  auto none = ParseConfigText("{}");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->scheduler.type, LrScheduleType::kConstant);
+  auto warmup = ParseConfigText(R"({"scheduler": {"type": "WarmupLR"}})");
+  ASSERT_TRUE(warmup.ok()) << warmup.status().ToString();
+  EXPECT_EQ(warmup->scheduler.type, LrScheduleType::kWarmupLR);
+  EXPECT_EQ(warmup->scheduler.warmup_num_steps, 1000);
+  EXPECT_EQ(warmup->scheduler.warmup_type, WarmupType::kLog);
+  EXPECT_EQ(warmup->scheduler.warmup_min_lr, 0.0);
+  EXPECT_FALSE(warmup->scheduler.warmup_max_lr.has_value()) << "absent: optimizer.params.lr";
+  auto decay = ParseConfigText(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 500,
+      "warmup_min_lr": 1e-5, "warmup_max_lr": 3e-4, "warmup_num_steps": 50, "warmup_type": "linear",
+      "last_batch_iteration": -1}}})");
+  ASSERT_TRUE(decay.ok()) << decay.status().ToString();
+  EXPECT_EQ(decay->scheduler.type, LrScheduleType::kWarmupDecayLR);
+  EXPECT_EQ(decay->scheduler.total_num_steps, 500);
+  EXPECT_EQ(decay->scheduler.warmup_num_steps, 50);
+  EXPECT_EQ(decay->scheduler.warmup_type, WarmupType::kLinear);
+  EXPECT_EQ(decay->scheduler.warmup_min_lr, 1e-5);
+  EXPECT_EQ(decay->scheduler.warmup_max_lr, 3e-4);
+  auto cosine = ParseConfigText(R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 100,
+      "warmup_min_ratio": 0.1, "cos_min_ratio": 0.05, "warmup_num_steps": 10}}})");
+  ASSERT_TRUE(cosine.ok()) << cosine.status().ToString();
+  EXPECT_EQ(cosine->scheduler.type, LrScheduleType::kWarmupCosineLR);
+  EXPECT_EQ(cosine->scheduler.warmup_min_ratio, 0.1);
+  EXPECT_EQ(cosine->scheduler.cos_min_ratio, 0.05);
+  auto cosine_defaults =
+      ParseConfigText(R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 9}}})");
+  ASSERT_TRUE(cosine_defaults.ok()) << cosine_defaults.status().ToString();
+  EXPECT_EQ(cosine_defaults->scheduler.warmup_min_ratio, 0.0);
+  EXPECT_EQ(cosine_defaults->scheduler.cos_min_ratio, 1e-4);
+}
+
+TEST(Config, SchedulerRefusesWhatItCannotFollow) {
+  ExpectError(R"({"scheduler": {"params": {}}})",
+              {"scheduler.type", "required", "WarmupLR|WarmupDecayLR|WarmupCosineLR"});
+  ExpectError(R"({"scheduler": {"type": "LRRangeTest"}})",
+              {"scheduler.type", "LRRangeTest", "WarmupCosineLR"});
+  ExpectError(
+      R"({"scheduler": {"type": "CosineAnnealingLR"}})",
+      {"scheduler.type", "expected one of WarmupLR|WarmupDecayLR|WarmupCosineLR", "CosineAnnealingLR"});
+  ExpectError(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_steps": 10}}})",
+              {"scheduler.params.warmup_steps", "unknown key", "WarmupLR takes warmup_min_lr"});
+  // A key of another type is refused, not ignored: WarmupCosineLR's rates are ratios.
+  ExpectError(
+      R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 9, "warmup_max_lr": 1}}})",
+      {"scheduler.params.warmup_max_lr", "WarmupCosineLR takes total_num_steps"});
+  ExpectError(R"({"scheduler": {"type": "WarmupLR", "params": {"total_num_steps": 9}}})",
+              {"scheduler.params.total_num_steps", "unknown key"});
+  ExpectError(R"({"scheduler": {"type": "WarmupDecayLR"}})",
+              {"scheduler.params.total_num_steps", "required"});
+  ExpectError(R"({"scheduler": {"type": "WarmupCosineLR", "params": {}}})",
+              {"scheduler.params.total_num_steps", "required by WarmupCosineLR"});
+  ExpectError(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}})",
+              {"scheduler.params.warmup_num_steps"});
+  ExpectError(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "exp"}}})",
+              {"scheduler.params.warmup_type", "log|linear", "exp"});
+  ExpectError(R"({"scheduler": {"type": "WarmupLR", "params": {"last_batch_iteration": 99}}})",
+              {"scheduler.params.last_batch_iteration", "only -1"});
+  ExpectError(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": -1}}})",
+              {"scheduler.params.warmup_min_lr"});
+  ExpectError(
+      R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 9, "cos_min_ratio": 2}}})",
+      {"scheduler.params.cos_min_ratio", "[0, 1]"});
+  ExpectError(R"({"scheduler": {"type": "WarmupLR", "params": []}})", {"scheduler.params", "an object"});
+  ExpectError(R"({"scheduler": {"type": "WarmupLR", "param": {}}})", {"scheduler.param", "did you mean"});
+  ExpectError(R"({"scheduler": "WarmupLR"})", {"scheduler", "an object"});
+}
+
+// The block switches recompute on; keys whose meaning is not built are refused when set.
+TEST(Config, ActivationCheckpointingBlock) {
+  auto off = ParseConfigText("{}");
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->activation_checkpointing);
+  auto empty = ParseConfigText(R"({"activation_checkpointing": {}})");
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_TRUE(empty->activation_checkpointing);
+  // The block as DeepSpeed's and Hugging Face's examples write it.
+  auto ds = ParseConfigText(R"({"activation_checkpointing": {"partition_activations": false,
+      "cpu_checkpointing": false, "contiguous_memory_optimization": false, "number_checkpoints": null,
+      "synchronize_checkpoint_boundary": false, "profile": false}})");
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  EXPECT_TRUE(ds->activation_checkpointing);
+  auto counted = ParseConfigText(R"({"activation_checkpointing": {"number_checkpoints": 4}})");
+  EXPECT_TRUE(counted.ok()) << counted.status().ToString();
+  for (const char* key : {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
+                          "synchronize_checkpoint_boundary", "profile"}) {
+    ExpectError(std::string(R"({"activation_checkpointing": {")") + key + R"(": true}})",
+                {std::string("activation_checkpointing.") + key, "true is not supported yet"});
+  }
+  ExpectError(R"({"activation_checkpointing": {"partition_activations": true}})", {"model parallelism"});
+  ExpectError(R"({"activation_checkpointing": {"number_checkpoints": 0}})",
+              {"activation_checkpointing.number_checkpoints"});
+  ExpectError(R"({"activation_checkpointing": {"profile": "yes"}})",
+              {"activation_checkpointing.profile", "true or false"});
+  ExpectError(R"({"activation_checkpointing": {"partition_activation": false}})",
+              {"activation_checkpointing.partition_activation", "did you mean"});
+  ExpectError(R"({"activation_checkpointing": true})", {"activation_checkpointing", "an object"});
+}
+
+// Each schedule type, and checkpointing, come back from the canonical JSON as they were.
+TEST(Config, SchedulerAndCheckpointingRoundTrip) {
+  for (
+      const char* text : {
+          R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 7}}})",
+          R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.02, "warmup_type": "linear"}}})",
+          R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 30, "warmup_min_lr": 1e-4}}})",
+          R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 30, "cos_min_ratio": 0.1,
+               "warmup_min_ratio": 0.01}}, "activation_checkpointing": {"number_checkpoints": null}})",
+      }) {
+    SCOPED_TRACE(text);
+    auto c = ParseConfigText(text);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    nlohmann::json j = ConfigToJson(*c);
+    auto again = ParseConfig(j);
+    ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << j.dump();
+    EXPECT_EQ(ConfigToJson(*again), j);
+    const LrSchedule &a = c->scheduler, &b = again->scheduler;
+    EXPECT_EQ(a.type, b.type);
+    EXPECT_EQ(a.warmup_type, b.warmup_type);
+    EXPECT_EQ(a.warmup_num_steps, b.warmup_num_steps);
+    EXPECT_EQ(a.warmup_min_lr, b.warmup_min_lr);
+    EXPECT_EQ(a.warmup_max_lr, b.warmup_max_lr);
+    EXPECT_EQ(a.total_num_steps, b.total_num_steps);
+    EXPECT_EQ(a.warmup_min_ratio, b.warmup_min_ratio);
+    EXPECT_EQ(a.cos_min_ratio, b.cos_min_ratio);
+    EXPECT_EQ(c->activation_checkpointing, again->activation_checkpointing);
+  }
+  nlohmann::json plain = ConfigToJson(Config{});
+  EXPECT_FALSE(plain.contains("scheduler")) << "no block: the constant rate";
+  EXPECT_FALSE(plain.contains("activation_checkpointing")) << "no block: no recompute";
 }
 
 }  // namespace

@@ -47,6 +47,9 @@ struct ChainSetup {
   // Gradients handed in with Engine::AccumulateGrad, as code with its own autograd does,
   // instead of written into the buffers BeginBackward hands out.
   bool external_grads = false;
+  // The learning rate of each step (its index); empty: optimizer.params.lr throughout.
+  // The engine gets it by SetLearningRate before the step's first micro-batch.
+  std::function<double(int step)> lr_at = nullptr;
 };
 
 // What a PyTorch integration does: the backward reads the parameters through Fetch and
@@ -131,6 +134,7 @@ inline ChainRun RunChainEngine(Communicator& world, const Config& config, const 
   const int accum = config.gradient_accumulation_steps;
   auto train = [&]() -> Status {
     for (int step = 0; step < setup.steps; ++step) {
+      if (setup.lr_at) STRATA_RETURN_IF_ERROR(e.SetLearningRate(setup.lr_at(step)));
       double loss = 0;
       const double scale = e.loss_scale();
       for (int mb = 0; mb < accum; ++mb) {
@@ -217,6 +221,7 @@ inline ChainRun TrainChainReference(const Config& config, const ChainSetup& setu
         for (size_t i = 0; i < acc[t].size(); ++i) acc[t][i] += dense.grad(t)[i];
       }
     }
+    if (setup.lr_at) adam.lr = static_cast<float>(setup.lr_at(step));
     run.status = ReferenceUpdate(config, step, acc, adam, m, v, dense, run);
     if (!run.status.ok()) return run;
     dense.SyncCompute();

@@ -1,10 +1,10 @@
-#include "tools/mlp_engine.h"
+#include "tools/model_engine.h"
 
 namespace strata::tools {
 
-Result<MlpEngine> CreateMlpEngine(Communicator& world, const Config& config, const model::MlpSpec& model,
-                                  Timeline* timeline) {
-  MlpEngine e;
+Result<ModelEngine> CreateModelEngine(Communicator& world, const Config& config, ModelDecl model,
+                                      const ParamInit& init, Timeline* timeline) {
+  ModelEngine e;
   DeviceOptions dopt;
   dopt.kind = config.strata.device;
   dopt.index = config.strata.device_index;
@@ -23,11 +23,16 @@ Result<MlpEngine> CreateMlpEngine(Communicator& world, const Config& config, con
     STRATA_ASSIGN_OR_RETURN(e.device_comm, CreateNcclCommunicator(world, nopt, copt));
     res.device_comm = e.device_comm.get();
   }
+  STRATA_ASSIGN_OR_RETURN(e.engine, Engine::Create(config, std::move(model), init, res));
+  return e;
+}
+
+Result<ModelEngine> CreateMlpEngine(Communicator& world, const Config& config, const model::MlpSpec& model,
+                                    Timeline* timeline) {
   ParamInit init = [model](TensorId id, int64_t b, int64_t n, float* out) {
     model::InitMlpTensor(model, id, b, n, out);
   };
-  STRATA_ASSIGN_OR_RETURN(e.engine, Engine::Create(config, model::MlpModules(model), init, res));
-  return e;
+  return CreateModelEngine(world, config, model::MlpModules(model), init, timeline);
 }
 
 }  // namespace strata::tools

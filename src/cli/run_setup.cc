@@ -1,0 +1,153 @@
+#include "cli/run_setup.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <functional>
+#include <set>
+
+#include "cli/commands.h"
+#include "strata/lr_schedule.h"
+#include "strata/swap_files.h"
+#include "strata/units.h"
+
+namespace strata::cli {
+namespace {
+
+std::string Origin(const Origins& origin, const std::string& key) {
+  auto it = origin.find(key);
+  return it == origin.end() ? "" : " (" + it->second + ")";
+}
+
+std::string Placement(const Config& c, const OffloadConfig& o) {
+  std::string s(OffloadDeviceName(o.device));
+  if (o.device == OffloadDevice::kNvme) {
+    for (const std::string& d : SwapPaths(c, o)) s += " " + d;
+  }
+  return s;
+}
+
+std::string Budget(const Origins& origin, const char* key, uint64_t bytes, uint64_t need) {
+  return FormatBytes(need) + " of " + (bytes ? FormatBytes(bytes) : std::string("the budget")) +
+         Origin(origin, std::string("strata.") + key);
+}
+
+// Swap files that runs with more ranks left behind (their ranks are not this run's, so
+// no store of this run would reuse and clear them).
+void SweepStaleSwapFiles(const std::vector<std::string>& dirs, int world_size, int rank) {
+  for (const std::string& d : dirs) {
+    std::vector<SwapFileInfo> in_use;
+    auto removed = RemoveStaleSwapFiles(d, world_size, &in_use);
+    ThrowIfError(removed.status());
+    if (rank != 0) continue;
+    if (!removed->empty()) {
+      std::fprintf(
+          stderr,
+          "strata: removed swap files that an earlier run left behind (no process held their locks): %s\n",
+          DescribeSwapFiles(*removed).c_str());
+    }
+    if (!in_use.empty()) {
+      std::fprintf(stderr, "strata: note: %s belong to another live process (pid %d); left alone\n",
+                   DescribeSwapFiles(in_use).c_str(), in_use.front().owner_pid);
+    }
+  }
+}
+
+// Every rank's pid, -1 for ranks on another node (by host name).
+Result<std::vector<int>> PeerPids(Communicator& world) {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const int64_t mine[2] = {static_cast<int64_t>(::getpid()),
+                           static_cast<int64_t>(std::hash<std::string>{}(host)&0x7fffffffffffffffLL)};
+  std::vector<int64_t> all(2 * world.size());
+  STRATA_RETURN_IF_ERROR(world.AllGather(mine, all.data(), 4, DType::kF32).Wait());  // 16 bytes a rank
+  std::vector<int> pids(world.size());
+  for (int r = 0; r < world.size(); ++r)
+    pids[r] = all[2 * r + 1] == mine[1] ? static_cast<int>(all[2 * r]) : -1;
+  return pids;
+}
+
+}  // namespace
+
+std::vector<std::string> SwapDirs(const Config& c) {
+  std::set<std::string> dirs;
+  for (const OffloadConfig* o : {&c.zero.offload_optimizer, &c.zero.offload_param}) {
+    if (o->device != OffloadDevice::kNvme) continue;
+    for (const std::string& d : SwapPaths(c, *o)) dirs.insert(d);
+  }
+  return {dirs.begin(), dirs.end()};
+}
+
+void StartRun(Communicator& world, const Config& config, InterruptGuard& guard) {
+  const std::vector<std::string> dirs = SwapDirs(config);
+  guard.SetSwap(dirs, world.rank(), world.size());
+  auto pids = PeerPids(world);
+  ThrowIfError(pids.status());
+  guard.SetPeers(std::move(*pids));
+  SweepStaleSwapFiles(dirs, world.size(), world.rank());
+}
+
+void PrintConfigSummary(const Config& c, const Origins& origin, const EngineLayoutInfo& l, int world_size,
+                        const std::string& batch_unit) {
+  const char* dtype = c.bf16 ? "bf16" : c.fp16.enabled ? "fp16 (dynamic loss scale)" : "fp32";
+  std::printf("  ZeRO stage %d%s, world size %d, device %s, %s\n", c.zero.stage,
+              Origin(origin, "zero_optimization.stage").c_str(), world_size,
+              std::string(DeviceKindName(c.strata.device)).c_str(), dtype);
+  std::printf("  optimizer state: %s; parameters: %s; gradients: %s\n",
+              Placement(c, c.zero.offload_optimizer).c_str(), Placement(c, c.zero.offload_param).c_str(),
+              l.gradients_on_nvme                                       ? "nvme"
+              : c.zero.offload_optimizer.device == OffloadDevice::kNone ? "device"
+                                                                        : "host");
+  std::printf("  batch: %d %s per rank per micro-batch%s x accumulation %d%s x %d rank%s = %d per step\n",
+              c.train_micro_batch_size_per_gpu, batch_unit.c_str(),
+              Origin(origin, "train_micro_batch_size_per_gpu").c_str(), c.gradient_accumulation_steps,
+              Origin(origin, "gradient_accumulation_steps").c_str(), world_size, world_size == 1 ? "" : "s",
+              c.train_batch_size);
+  std::printf("  optimizer: %s, lr %g%s, weight decay %g; gradient clipping: %s\n",
+              c.optimizer.type == OptimizerType::kAdamW ? "AdamW" : "Adam", c.optimizer.lr,
+              Origin(origin, "optimizer.params.lr").c_str(), c.optimizer.weight_decay,
+              c.gradient_clipping > 0 ? FormatDouble("max norm %g", c.gradient_clipping).c_str() : "off");
+  if (c.scheduler.type != LrScheduleType::kConstant) {
+    const LrSchedule& l = c.scheduler;
+    std::printf(
+        "  lr schedule: %s, %s warmup over %lld steps%s\n", std::string(LrScheduleTypeName(l.type)).c_str(),
+        std::string(WarmupTypeName(l.warmup_type)).c_str(), static_cast<long long>(l.warmup_num_steps),
+        l.total_num_steps ? (", " + std::to_string(l.total_num_steps) + " steps in all").c_str() : "");
+  }
+  std::printf("  memory needed per rank, and the budget it must fit:\n");
+  std::printf("    device %s\n",
+              Budget(origin, "device_budget", c.strata.device_budget, l.device_need).c_str());
+  std::printf("    host   %s\n", Budget(origin, "host_budget", c.strata.host_budget, l.host_need).c_str());
+  std::printf("    nvme   %s\n", Budget(origin, "nvme_budget", c.strata.nvme_budget, l.nvme_need).c_str());
+  std::fflush(stdout);
+}
+
+std::string StepProgress::Line(int step, double loss, double lr, double seconds, const StepResult& r) {
+  // The first step of a process records the trace and touches memory: the ETA leaves it out.
+  if (seen_++ > 0 || steps_ == step + 1) sum_s_ += seconds, timed_ += 1;
+  const double mean = timed_ ? sum_s_ / timed_ : seconds;
+  const int left = steps_ - step - 1;
+  std::string line = FormatDouble("step %5.0f", static_cast<double>(step + 1)) + "/" +
+                     std::to_string(steps_) + FormatDouble("  loss %.6f", loss) +
+                     FormatDouble("  lr %.3g", lr);
+  if (fp16_) line += FormatDouble("  loss scale %g", r.loss_scale);
+  line +=
+      "  " + FormatDouble("%.1f", items_ / seconds) + " " + unit_ + "/s  " + FormatSeconds(seconds) + "/step";
+  if (left > 0) line += "  ETA " + FormatSeconds(left * mean);
+  if (r.skipped) line += "  (skipped: fp16 overflow)";
+  return line;
+}
+
+int EndFailedRun(const Status& status, InterruptGuard& guard) {
+  if (guard.signal()) {
+    int code = 0;
+    std::fprintf(stderr, "%s\n", guard.FinishUnwind(&code).c_str());
+    return code;
+  }
+  // A peer that vanished is the cause whatever this rank saw (a watchdog timeout, an
+  // MPI error): say so first.
+  const std::string lost = guard.LostPeers();
+  throw CliError(lost.empty() ? status : status.WithContext(lost));
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,33 @@
+// An engine over a model's declaration with what it borrows (the device and, on a GPU
+// with several ranks, an NCCL communicator), shared by `strata train` and `strata bench
+// step`.
+#pragma once
+
+#include <memory>
+
+#include "strata/comm.h"
+#include "strata/config.h"
+#include "strata/device.h"
+#include "strata/engine.h"
+#include "strata/model.h"
+
+namespace strata::tools {
+
+// Members in destruction order: the engine goes first, then what it borrowed.
+struct ModelEngine {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Communicator> device_comm;  // cuda with world size > 1 only
+  std::unique_ptr<Engine> engine;
+};
+
+// Creates the device the config names, then the engine over `world` for `model`,
+// initialised by `init`. Collective over `world`. `timeline` may be null. Errors: those
+// of CreateDevice, CreateNcclCommunicator and Engine::Create.
+Result<ModelEngine> CreateModelEngine(Communicator& world, const Config& config, ModelDecl model,
+                                      const ParamInit& init, Timeline* timeline);
+
+// The reference MLP's engine (model::MlpModules, initialised by model::InitMlpTensor).
+Result<ModelEngine> CreateMlpEngine(Communicator& world, const Config& config, const model::MlpSpec& model,
+                                    Timeline* timeline);
+
+}  // namespace strata::tools

@@ -1,0 +1,203 @@
+// `strata train --model gpt` (the default model) as a user meets it: what a run prints
+// and logs, that its validation loss falls, that a run is repeatable bit for bit, that
+// mpirun runs it on two ranks, and refusals that name the flag or file.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "cli/cli_runner.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CliRun;
+using ::testing::HasSubstr;
+using testing::RunStrata;
+
+class GptTrainCli : public testing::ScratchDirTest {
+ protected:
+  GptTrainCli() : ScratchDirTest("strata-gpt-cli-test-") {}
+
+  void SetUp() override {
+    ScratchDirTest::SetUp();
+    swap_ = (dir_ / "swap").string();
+    data_ = (dir_ / "data").string();
+    // Sentences with structure a tiny model learns within a few dozen steps.
+    const std::string text = (dir_ / "text.txt").string();
+    std::ofstream out(text);
+    const char* words[] = {"alpha", "beta", "gamma", "delta"};
+    for (int i = 0; i < 2000; ++i) out << words[i % 4] << (i % 9 == 8 ? ".\n" : " ");
+    out.close();
+    CliRun r = RunStrata({"data", "prepare", text, "--out", data_});
+    ASSERT_EQ(r.exit_status, 0) << r.err;
+  }
+
+  // A tiny GPT at stage 3 with both planes on NVMe (the default placement); a flag in
+  // `extra` replaces the default one.
+  std::vector<std::string> Tiny(std::vector<std::string> extra, int steps) {
+    const std::vector<std::pair<std::string, std::string>> base = {
+        {"--data", data_},         {"--n-layer", "1"},
+        {"--n-head", "2"},         {"--n-embd", "16"},
+        {"--seq", "16"},           {"--micro-batch", "4"},
+        {"--chunk-size", "16KiB"}, {"--nvme-path", swap_},
+        {"--sample", "0"},         {"--steps", std::to_string(steps)}};
+    std::vector<std::string> a{"train"};
+    for (const auto& [flag, value] : base) {
+      if (std::find(extra.begin(), extra.end(), flag) == extra.end()) a.insert(a.end(), {flag, value});
+    }
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+
+  std::vector<nlohmann::json> ReadLog(const std::string& path) {
+    std::vector<nlohmann::json> lines;
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+    return lines;
+  }
+
+  std::string swap_, data_;
+};
+
+TEST_F(GptTrainCli, PrintsStepsValidationAndSampleAndLogsEachLine) {
+  const std::string log = (dir_ / "run.jsonl").string();
+  CliRun r = RunStrata(Tiny({"--eval-every", "2", "--eval-batches", "2", "--log", log, "--sample", "24"}, 3));
+  ASSERT_EQ(r.exit_status, 0) << r.out << r.err;
+  for (const char* s :
+       {"strata train: GPT", "1 layers, 2 heads, n_embd 16, block 16, vocab 256, tied head", "ZeRO stage 3",
+        "optimizer state: nvme", "parameters: nvme", "sequences of 16 tokens per rank per micro-batch",
+        "validation loss", "sample (temperature 0.8):"}) {
+    EXPECT_THAT(r.out, HasSubstr(s));
+  }
+  const std::regex step(R"(step +(\d+)/3  loss \d+\.\d+  lr 0\.001  [0-9.]+ tokens/s  .+/step)");
+  EXPECT_EQ(std::distance(std::sregex_iterator(r.out.begin(), r.out.end(), step), std::sregex_iterator()), 3)
+      << r.out;
+  std::vector<int> val_steps, train_steps;
+  for (const nlohmann::json& j : ReadLog(log)) {
+    if (j.contains("val_loss")) val_steps.push_back(j["step"]);
+    if (j.contains("loss")) {
+      train_steps.push_back(j["step"]);
+      EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
+      EXPECT_EQ(j["lr"].get<double>(), 0.001);
+    }
+    if (j.contains("sample")) {
+      EXPECT_EQ(j["sample_tokens"].size(), 24u);
+      EXPECT_FALSE(j["sample"].get<std::string>().empty());
+    }
+  }
+  EXPECT_EQ(train_steps, (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(val_steps, (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(std::distance(fs::directory_iterator(swap_), fs::directory_iterator()), 0)
+      << "swap files removed";
+}
+
+TEST_F(GptTrainCli, ValidationLossFallsAndARunRepeatsBitForBit) {
+  auto run = [&](const std::string& log) {
+    CliRun r = RunStrata(Tiny({"--eval-every", "0", "--log", log, "--lr", "0.01", "--json"}, 40));
+    EXPECT_EQ(r.exit_status, 0) << r.err;
+    return ReadLog(log);
+  };
+  const std::vector<nlohmann::json> a = run((dir_ / "a.jsonl").string()),
+                                    b = run((dir_ / "b.jsonl").string());
+  ASSERT_EQ(a.size(), 42u);  // 40 steps, validation before and after
+  const double first = a.front()["val_loss"], last = a.back()["val_loss"];
+  EXPECT_NEAR(first, std::log(256.0), 0.3) << "an untrained byte model is near uniform";
+  EXPECT_LT(last, 0.6 * first) << "the words repeat: 40 steps learn much of them";
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].value("loss", -1.0), b[i].value("loss", -1.0)) << i;
+    EXPECT_EQ(a[i].value("val_loss", -1.0), b[i].value("val_loss", -1.0)) << i;
+  }
+}
+
+TEST_F(GptTrainCli, TwoRanksUnderMpirunMatchOneRankWithTheSameGlobalBatch) {
+  std::vector<std::string> args{"--oversubscribe", "--bind-to", "none", "-np", "2"};
+  if (::geteuid() == 0) args.insert(args.begin(), "--allow-run-as-root");
+  args.push_back(STRATA_BINARY);
+  const std::string log2 = (dir_ / "two.jsonl").string(), log1 = (dir_ / "one.jsonl").string();
+  for (const std::string& a : Tiny({"--micro-batch", "2", "--log", log2}, 3)) args.push_back(a);
+  CliRun two = testing::RunProgram("mpirun", args, "", [](pid_t) {});
+  ASSERT_EQ(two.exit_status, 0) << two.out << two.err;
+  EXPECT_THAT(two.out, HasSubstr("world size 2"));
+  CliRun one = RunStrata(Tiny({"--micro-batch", "4", "--log", log1}, 3));
+  ASSERT_EQ(one.exit_status, 0) << one.err;
+  const std::vector<nlohmann::json> a = ReadLog(log2), b = ReadLog(log1);
+  ASSERT_EQ(a.size(), b.size());
+  // The same samples; per-rank partial sums are added in another order: rounding only.
+  for (size_t i = 0; i < a.size(); ++i) {
+    const char* key = a[i].contains("loss") ? "loss" : "val_loss";
+    EXPECT_NEAR(a[i][key].get<double>(), b[i][key].get<double>(), 1e-5) << i;
+  }
+}
+
+TEST_F(GptTrainCli, FollowsTheSchedulerAndRecomputesWithTheSameBits) {
+  const std::string cfg = (dir_ / "ds.json").string();
+  std::ofstream(cfg) << R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0,
+      "warmup_max_lr": 0.01, "warmup_num_steps": 4, "warmup_type": "linear"}}})";
+  const std::string plain = (dir_ / "plain.jsonl").string(), ckpt = (dir_ / "ckpt.jsonl").string();
+  CliRun r = RunStrata(Tiny({"--config", cfg, "--log", plain, "--eval-every", "0"}, 6));
+  ASSERT_EQ(r.exit_status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("lr schedule: WarmupLR, linear warmup over 4 steps"));
+  EXPECT_THAT(r.out, HasSubstr("activation checkpointing off"));
+  std::vector<double> lrs;
+  for (const nlohmann::json& j : ReadLog(plain)) {
+    if (j.contains("lr")) lrs.push_back(j["lr"]);
+  }
+  ASSERT_EQ(lrs.size(), 6u);
+  // DeepSpeed's constructor and its first scheduler.step() both set iteration 0's rate,
+  // warmup_min_lr; then the linear warmup reaches warmup_max_lr at iteration 4.
+  EXPECT_EQ(lrs[0], 0.0);
+  EXPECT_EQ(lrs[1], 0.0);
+  for (int i = 2; i < 6; ++i) EXPECT_DOUBLE_EQ(lrs[i], 0.01 * (i - 1) / 4) << i;
+
+  std::ofstream(cfg, std::ios::trunc) << R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0,
+      "warmup_max_lr": 0.01, "warmup_num_steps": 4, "warmup_type": "linear"}},
+      "activation_checkpointing": {"partition_activations": false}})";
+  r = RunStrata(Tiny({"--config", cfg, "--log", ckpt, "--eval-every", "0"}, 6));
+  ASSERT_EQ(r.exit_status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("activation checkpointing on"));
+  const std::vector<nlohmann::json> a = ReadLog(plain), b = ReadLog(ckpt);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].value("loss", -1.0), b[i].value("loss", -1.0)) << i;
+    EXPECT_EQ(a[i].value("val_loss", -1.0), b[i].value("val_loss", -1.0)) << i;
+  }
+  r = RunStrata({"train", "--model", "mlp", "--config", cfg, "--steps", "1"});
+  EXPECT_EQ(r.exit_status, 1);
+  EXPECT_THAT(r.err, HasSubstr("the reference MLP (--model mlp, bench step) has no activation recompute"));
+}
+
+TEST_F(GptTrainCli, RefusesFlagsOfTheOtherModelAndBadDataWithTheirNames) {
+  struct Case {
+    std::vector<std::string> args;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {{"train", "--params", "2M"}, "--params is a flag of --model mlp"},
+      {{"train", "--model", "mlp", "--n-layer", "2"}, "--n-layer is a flag of --model gpt"},
+      {{"train", "--data", (dir_ / "nowhere").string()}, "strata data prepare"},
+      {Tiny({"--seq", "32", "--block-size", "16"}, 1), "--block-size 16 is below --seq 32"},
+      {Tiny({"--n-embd", "10", "--n-head", "4"}, 1), "--n-embd 10 is not a multiple of --n-head 4"},
+      {Tiny({"--temperature", "0"}, 1), "--temperature must be above 0"},
+  };
+  for (const Case& c : cases) {
+    CliRun r = RunStrata(c.args);
+    EXPECT_EQ(r.exit_status, 1) << c.message;
+    EXPECT_THAT(r.err, HasSubstr(c.message));
+  }
+  std::ofstream(data_ + "/val.tokens", std::ios::binary | std::ios::trunc) << "not tokens";
+  CliRun r = RunStrata(Tiny({}, 1));
+  EXPECT_EQ(r.exit_status, 1);
+  EXPECT_THAT(r.err, HasSubstr("val.tokens"));
+}
+
+}  // namespace
+}  // namespace strata
