@@ -78,6 +78,7 @@
 
 namespace strata {
 
+struct CheckpointMeta;  // checkpoint.h
 class HostArena;
 class IoFaultHook;  // io.h: test-only fault injection
 class Timeline;
@@ -285,6 +286,35 @@ class Engine : public ModuleHooks {
   // Copies the full fp32 master parameters (gathered from all ranks, every tier) of
   // tensor `tensor` (its id) into `out`. Collective over the world.
   Status GatherMaster(TensorId tensor, std::vector<float>* out);
+
+  // Checkpoints (checkpoint.h: the directory's layout, CheckpointPath, LatestCheckpoint,
+  // KeepNewestCheckpoints). Both are collective over the world (every rank, the same
+  // `dir` on a file system all ranks share) and are called on the training thread
+  // between Step() and the next micro-batch; they Flush() first.
+  // SaveCheckpoint writes this rank's fp32 master, Adam m and v from whatever tier holds
+  // them (streamed through two 4 MiB buffers per file; NVMe state through the engine's
+  // own staging sets), the optimizer step count, the loss scaler, the learning rate, the
+  // recorded call order and meta.json, crash-safely: `dir` appears, complete, only once
+  // every rank's files are on disk; an older checkpoint at `dir` is replaced atomically.
+  // A failed save (InvalidArgument for meta.json that is not JSON, FailedPrecondition
+  // for a `dir` that holds something else or an engine that cannot save now, IoError /
+  // ResourceExhausted from the disk, Aborted naming a rank that failed) leaves `dir` as
+  // it was and the engine untouched: training may go on (an error of the Flush() before
+  // it is the engine's own, as Flush() says). Host memory it adds: 24 MiB, whatever the
+  // model size.
+  Status SaveCheckpoint(const std::string& dir, const CheckpointMeta& meta);
+  // LoadCheckpoint restores what SaveCheckpoint saved into this engine's tiers (any
+  // offload; the stage may differ where the shards are the same: stages 1-3, or any at
+  // world size 1), republishes the compute parameters, and fills *meta (may be null).
+  // Given the same batches, the steps that follow are bit-identical to the saving run's
+  // (the learning rate is restored too; a schedule may set it anew). Refused with nothing
+  // changed: NotFound (no manifest, a missing file naming its rank), InvalidArgument
+  // naming what differs (world size, stage, chunk layout, a tensor's name or shape;
+  // resharding to another world size is not built), Corruption for a file of the wrong
+  // size. Corruption naming the file and chunk for a checksum mismatch, or an I/O error,
+  // found while restoring leaves the engine failed (as a failed Step(): create a new
+  // engine); the world stays usable.
+  Status LoadCheckpoint(const std::string& dir, CheckpointMeta* meta);
 
   struct Impl;
 

@@ -22,6 +22,7 @@ inline void ThrowIfError(const Status& s) {
 void AddInfoCommand(CLI::App& app);
 void AddTrainCommand(CLI::App& app);
 void AddDataCommand(CLI::App& app);
+void AddCkptCommand(CLI::App& app);
 void AddBenchStepCommand(CLI::App& bench);
 void AddBenchPcieCommand(CLI::App& bench);
 void AddBenchAdamCommand(CLI::App& bench);

@@ -30,7 +30,19 @@ void AddGptFlags(CLI::App* cmd, GptFlags* g) {
           ->capture_default_str(),
       cmd->add_option("--temperature", g->temperature, "sampling temperature")->capture_default_str(),
       cmd->add_option("--prompt", g->prompt, "text the sample continues (default: a newline)"),
-      cmd->add_option("--log", g->log_path, "JSON-lines log: one line per step and per validation")};
+      cmd->add_option("--log", g->log_path, "JSON-lines log: one line per step and per validation"),
+      cmd->add_option("--save", g->save_dir,
+                      "checkpoint directory: DIR/step-NNNNNNNNN after every --save-every steps and the last"),
+      cmd->add_option("--save-every", g->save_every,
+                      "steps between checkpoints (0: only after the last step)")
+          ->capture_default_str(),
+      cmd->add_option("--keep", g->keep,
+                      "checkpoints kept under --save (older ones removed once a new one is complete)")
+          ->capture_default_str(),
+      cmd->add_option(
+          "--resume", g->resume,
+          "continue from a checkpoint: its directory, a --save directory (its newest), or \"auto\" (the "
+          "newest under --save, none: a fresh start); --steps counts the whole run's steps")};
 }
 
 Status CheckGptFlags(const GptFlags& g) {
@@ -55,6 +67,13 @@ Status CheckGptFlags(const GptFlags& g) {
   if (g.sample < 0)
     return InvalidArgumentError("--sample " + std::to_string(g.sample) + ": must be at least 0");
   if (!(g.temperature > 0)) return InvalidArgumentError("--temperature must be above 0");
+  if (g.save_every < 0 || g.keep < 1) {
+    return InvalidArgumentError("--save-every must be at least 0 and --keep at least 1");
+  }
+  if (g.save_dir.empty() && (g.save_every > 0 || g.resume == "auto")) {
+    return InvalidArgumentError(std::string(g.save_every > 0 ? "--save-every" : "--resume auto") +
+                                " needs --save DIR: the directory the checkpoints go to");
+  }
   return OkStatus();
 }
 

@@ -22,6 +22,9 @@ struct GptFlags {
   int64_t sample = 200;
   double temperature = 0.8;
   std::string prompt, log_path;
+  std::string save_dir, resume;  // checkpoints: where to save; what to resume ("auto": the newest)
+  int save_every = 0;            // 0: only after the last step (when --save is given)
+  int keep = 2;
   std::vector<CLI::Option*> options;  // every flag above, to refuse them with --model mlp
 };
 

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/gpt_checkpoints.h"
+#include "strata/checkpoint.h"
 #include "strata/lr_schedule.h"
 #include "strata/token_data.h"
 #include "strata/units.h"
@@ -21,9 +23,10 @@ namespace {
 // written so that a plot of a live or interrupted run sees every line that ended.
 class JsonLog {
  public:
-  explicit JsonLog(const std::string& path) : path_(path) {
+  // A resumed run appends to the log of the run it continues.
+  JsonLog(const std::string& path, bool append) : path_(path) {
     if (path.empty()) return;
-    out_.open(path, std::ios::trunc);
+    out_.open(path, append ? std::ios::app : std::ios::trunc);
     if (!out_) {
       throw CliError(UnavailableError("--log " + path + ": cannot be opened for writing (" +
                                       std::strerror(errno) + ")"));
@@ -78,6 +81,7 @@ struct Loop {
   Communicator& world;
   Engine& engine;
   zero::GptTrainer& trainer;
+  const model::TokenFile& train;
   JsonLog& log;
   bool print;  // rank 0 in text mode
   nlohmann::json steps = nlohmann::json::array();
@@ -92,12 +96,25 @@ struct Loop {
     return OkStatus();
   }
 
-  Status Train() {
+  // A save after `done` steps when one is due: every --save-every steps and after the last.
+  Status MaybeSave(int done, int64_t applied) {
+    const bool due = done == job.steps || (job.save_every > 0 && done % job.save_every == 0);
+    if (job.save_dir.empty() || !due) return OkStatus();
+    STRATA_ASSIGN_OR_RETURN(const double seconds, Save(engine, job, train, done, applied, world.rank()));
+    const std::string path = CheckpointPath(job.save_dir, done);
+    if (world.rank() == 0) log.Write({{"step", done}, {"checkpoint", path}, {"save_s", seconds}});
+    if (print)
+      std::printf("checkpoint %s saved (training paused %s)\n", path.c_str(), FormatSeconds(seconds).c_str());
+    return OkStatus();
+  }
+
+  // Steps from `from` (the resume point's, or 0) to job.steps.
+  Status Train(const ResumePoint& from) {
     StepProgress progress(job.steps, static_cast<double>(job.config.train_batch_size) * job.seq, "tokens",
                           job.config.fp16.enabled);
-    STRATA_RETURN_IF_ERROR(Evaluate(0));
-    int64_t applied = 0;  // the schedule advances on applied steps only, as DeepSpeed's
-    for (int step = 0; step < job.steps; ++step) {
+    if (from.dir.empty()) STRATA_RETURN_IF_ERROR(Evaluate(0));
+    int64_t applied = from.applied;  // the schedule advances on applied steps only, as DeepSpeed's
+    for (int step = static_cast<int>(from.next_step); step < job.steps; ++step) {
       const double lr = LearningRateAt(job.config.scheduler, applied, job.config.optimizer.lr);
       STRATA_RETURN_IF_ERROR(engine.SetLearningRate(lr));
       STRATA_ASSIGN_OR_RETURN(zero::GptStepReport r, trainer.RunStep(step, step + 1 == job.steps));
@@ -118,6 +135,7 @@ struct Loop {
       const bool last = step + 1 == job.steps;
       if (last || (job.eval_every > 0 && (step + 1) % job.eval_every == 0))
         STRATA_RETURN_IF_ERROR(Evaluate(step + 1));
+      STRATA_RETURN_IF_ERROR(MaybeSave(step + 1, applied));
     }
     return OkStatus();
   }
@@ -163,9 +181,15 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
   ThrowIfError(trainer.Check());
   const EngineLayoutInfo layout = setup->engine->layout_info();
   if (rank0 && !job.json) PrintSummary(job, layout, train, val, world.size());
-  JsonLog log(rank0 ? job.log_path : std::string());
-  Loop loop{job, world, *setup->engine, trainer, log, rank0 && !job.json};
-  Status status = loop.Train();
+  auto from = Resume(*setup->engine, job, train);
+  if (!from.ok()) return EndFailedRun(from.status(), guard);
+  if (rank0 && !job.json && !from->dir.empty()) {
+    std::printf("resumed from %s after %lld steps\n", from->dir.c_str(),
+                static_cast<long long>(from->next_step));
+  }
+  JsonLog log(rank0 ? job.log_path : std::string(), /*append=*/!from->dir.empty());
+  Loop loop{job, world, *setup->engine, trainer, train, log, rank0 && !job.json};
+  Status status = loop.Train(*from);
   if (status.ok()) status = loop.Sample();
   if (!status.ok()) {
     setup->engine.reset();  // closes the stores: their swap and lock files go

@@ -28,7 +28,11 @@ struct GptTrainJob {
   double temperature = 1.0;
   std::string prompt;    // bytes; the sample starts after it
   std::string log_path;  // JSON lines; empty: none
-  bool json = false;     // the report as JSON at the end instead of text lines
+  std::string save_dir;  // checkpoints; empty: none
+  int save_every = 0;    // 0: after the last step only
+  int keep = 2;
+  std::string resume;  // a checkpoint, a --save directory, or "auto"; empty: fresh start
+  bool json = false;   // the report as JSON at the end instead of text lines
   Origins origin;
 };
 

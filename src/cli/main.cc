@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   strata::cli::AddInfoCommand(app);
   strata::cli::AddTrainCommand(app);
   strata::cli::AddDataCommand(app);
+  strata::cli::AddCkptCommand(app);
   CLI::App* bench = app.add_subcommand("bench", "offload-bandwidth benchmarks, each figure beside its limit");
   bench->require_subcommand(1);
   strata::cli::AddBenchPcieCommand(*bench);

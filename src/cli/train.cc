@@ -282,6 +282,10 @@ GptTrainJob PrepareGpt(const TrainFlags& f, Prepared* p) {
   job.temperature = g.temperature;
   job.prompt = g.prompt;
   job.log_path = g.log_path;
+  job.save_dir = g.save_dir;
+  job.save_every = g.save_every;
+  job.keep = g.keep;
+  job.resume = g.resume;
   job.json = f.json;
   if (paths->prepared && p->world->rank() == 0) {
     std::fprintf(stderr, "strata: tokenised the default corpus (%s) into %s and %s\n",

@@ -351,6 +351,9 @@ struct Engine::Impl {
   int micro_batch = 0;  // index within the accumulation window
   bool in_micro_batch = false;
   int64_t step_count = 0;
+  // Step() calls of the run before this engine's first (LoadCheckpoint): a checkpoint
+  // records resumed_step_calls + step_epoch, the run's Step() calls so far.
+  int64_t resumed_step_calls = 0;
   // Step() calls that returned, skipped ones included (step_count leaves those out): tags
   // the NVMe optimizer writes and commits of each step, so that a write lost after its
   // Step() returned undoes that whole step (RollBackEpoch).

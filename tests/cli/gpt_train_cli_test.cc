@@ -3,10 +3,12 @@
 // mpirun runs it on two ranks, and refusals that name the flag or file.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
@@ -173,6 +175,45 @@ TEST_F(GptTrainCli, FollowsTheSchedulerAndRecomputesWithTheSameBits) {
   r = RunStrata({"train", "--model", "mlp", "--config", cfg, "--steps", "1"});
   EXPECT_EQ(r.exit_status, 1);
   EXPECT_THAT(r.err, HasSubstr("the reference MLP (--model mlp, bench step) has no activation recompute"));
+}
+
+// Steps and validation losses of a log, by step (checkpoint and sample lines left out).
+std::map<std::pair<int, std::string>, double> Losses(const std::vector<nlohmann::json>& log) {
+  std::map<std::pair<int, std::string>, double> out;
+  for (const nlohmann::json& j : log) {
+    for (const char* key : {"loss", "val_loss"}) {
+      if (j.contains(key)) out[{j["step"].get<int>(), key}] = j[key];
+    }
+  }
+  return out;
+}
+
+TEST_F(GptTrainCli, ASaveKillAndResumeContinuesBitForBit) {
+  const std::string whole = (dir_ / "whole.jsonl").string(), parts = (dir_ / "parts.jsonl").string();
+  const std::string ck = (dir_ / "ck").string();
+  const std::vector<std::string> sched = {"--eval-every", "2", "--lr", "0.01"};
+  auto with = [&](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  CliRun r = RunStrata(Tiny(with(sched, {"--log", whole}), 8));
+  ASSERT_EQ(r.exit_status, 0) << r.err;
+  // Killed (no chance to clean up) after the save of step 3, while training on.
+  r = RunStrata(Tiny(with(sched, {"--log", parts, "--save", ck, "--save-every", "3", "--keep", "5"}), 100000),
+                "step-000000003 saved", SIGKILL);
+  EXPECT_EQ(r.exit_status, 128 + SIGKILL);
+  r = RunStrata(Tiny(with(sched, {"--log", parts, "--resume", ck + "/step-000000003"}), 8));
+  ASSERT_EQ(r.exit_status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("resumed from " + ck + "/step-000000003 after 3 steps"));
+  const auto a = Losses(ReadLog(whole)), b = Losses(ReadLog(parts));
+  for (const auto& [key, loss] : a) {
+    ASSERT_TRUE(b.count(key)) << key.second << " of step " << key.first;
+    EXPECT_EQ(b.at(key), loss) << key.second << " of step " << key.first;
+  }
+  // A resume with another sequence length would not continue the same run.
+  r = RunStrata(Tiny({"--resume", ck, "--seq", "8", "--block-size", "16"}, 8));
+  EXPECT_EQ(r.exit_status, 1);
+  EXPECT_THAT(r.err, HasSubstr("saved by a run with seq 16, this run has 8"));
 }
 
 TEST_F(GptTrainCli, RefusesFlagsOfTheOtherModelAndBadDataWithTheirNames) {

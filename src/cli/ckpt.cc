@@ -1,0 +1,106 @@
+// `strata ckpt info DIR` and `strata ckpt verify DIR`: what a checkpoint holds (its
+// manifest, summarised) and whether every file still matches its checksums
+// (include/strata/checkpoint.h has the format).
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/commands.h"
+#include "cli/table.h"
+#include "strata/checkpoint.h"
+#include "strata/units.h"
+
+namespace strata::cli {
+namespace {
+
+struct InfoOptions {
+  std::string dir;
+  bool json = false;
+};
+
+nlohmann::json InfoJson(const std::string& dir, const CheckpointInfo& i) {
+  nlohmann::json files = nlohmann::json::array();
+  uint64_t total = 0;
+  for (const CheckpointFileInfo& f : i.files) {
+    files.push_back({{"path", f.path}, {"rank", f.rank}, {"kind", f.kind}, {"bytes", f.bytes}});
+    total += f.bytes;
+  }
+  return {{"dir", dir},
+          {"version", i.version},
+          {"world_size", i.world_size},
+          {"stage", i.stage},
+          {"compute_dtype", i.compute_dtype},
+          {"offload_optimizer", i.offload_optimizer},
+          {"offload_param", i.offload_param},
+          {"num_params", i.num_params},
+          {"num_tensors", i.num_tensors},
+          {"num_chunks", i.num_chunks},
+          {"chunk_elems", i.chunk_elems},
+          {"step_calls", i.step_calls},
+          {"optimizer_steps", i.optimizer_steps},
+          {"loss_scale", i.loss_scale},
+          {"lr", i.lr},
+          {"bytes", total},
+          {"files", files},
+          {"meta", nlohmann::json::parse(i.meta_json)}};
+}
+
+void RunInfo(const InfoOptions& o) {
+  Result<CheckpointInfo> info = ReadCheckpointInfo(o.dir);
+  ThrowIfError(info.status());
+  const CheckpointInfo& i = *info;
+  if (o.json) {
+    std::printf("%s\n", InfoJson(o.dir, i).dump(2).c_str());
+    return;
+  }
+  uint64_t total = 0;
+  for (const CheckpointFileInfo& f : i.files) total += f.bytes;
+  Table t({"field", "value"});
+  t.AddRow({"checkpoint", o.dir});
+  t.AddRow({"format", "strata checkpoint, version " + std::to_string(i.version)});
+  t.AddRow({"saved by", std::to_string(i.world_size) + " rank(s), ZeRO stage " + std::to_string(i.stage) +
+                            ", " + i.compute_dtype + " compute"});
+  t.AddRow(
+      {"saved from", "optimizer state on " + i.offload_optimizer + ", parameters on " + i.offload_param});
+  t.AddRow({"model", std::to_string(i.num_params) + " parameters in " + std::to_string(i.num_tensors) +
+                         " tensors, " + std::to_string(i.num_chunks) + " chunks of " +
+                         std::to_string(i.chunk_elems) + " elements"});
+  t.AddRow({"steps", std::to_string(i.step_calls) + " (" + std::to_string(i.optimizer_steps) +
+                         " optimizer steps taken)"});
+  char scalars[64];
+  std::snprintf(scalars, sizeof scalars, "lr %g, loss scale %g", i.lr, i.loss_scale);
+  t.AddRow({"optimizer", scalars});
+  t.AddRow({"files", std::to_string(i.files.size()) + " state files, " + FormatBytes(total)});
+  t.AddRow({"meta", i.meta_json});
+  std::printf("%s", t.Render().c_str());
+}
+
+void RunVerify(const std::string& dir) {
+  Status st = VerifyCheckpoint(dir, [](const std::string& line) { std::printf("%s\n", line.c_str()); });
+  ThrowIfError(st);
+  std::printf("%s: every file matches the manifest\n", dir.c_str());
+}
+
+}  // namespace
+
+void AddCkptCommand(CLI::App& app) {
+  CLI::App* ckpt =
+      app.add_subcommand("ckpt", "training checkpoints: what they hold, whether they are intact");
+  ckpt->require_subcommand(1);
+
+  auto info = std::make_shared<InfoOptions>();
+  CLI::App* i = ckpt->add_subcommand("info", "summarise a checkpoint's manifest (reads no state file)");
+  i->add_option("dir", info->dir, "the checkpoint directory")->required();
+  i->add_flag("--json", info->json, "print the summary as JSON");
+  i->callback([info] { RunInfo(*info); });
+
+  auto dir = std::make_shared<std::string>();
+  CLI::App* v = ckpt->add_subcommand(
+      "verify",
+      "read every state file and check its size and checksums (per chunk and whole) against the manifest");
+  v->add_option("dir", *dir, "the checkpoint directory")->required();
+  v->callback([dir] { RunVerify(*dir); });
+}
+
+}  // namespace strata::cli
