@@ -13,7 +13,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libxxhash-dev
   fio python3
-  python3-dev python3-venv python3-torch
+  python3-dev python3-venv python3-torch python3-matplotlib
   fortunes fortunes-min  # the default text corpus of `strata data prepare`
 )
 

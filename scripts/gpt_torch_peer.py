@@ -1,0 +1,439 @@
+#!/usr/bin/python3
+"""The PyTorch peer of `strata train --model gpt`: the same GPT, the same initial weights,
+the same batches and the same optimizer, in eager PyTorch (fp32, CPU), for checking
+strata's losses and for comparing its speed with PyTorch's.
+
+Usage (python/.venv/bin/python, or any python3 with Debian's python3-torch and numpy):
+  scripts/gpt_torch_peer.py --train --data DIR --n-layer 2 --n-head 2 --n-embd 64 --seq 64 \\
+      --micro-batch 4 --steps 20 --lr 1e-3 --seed 1 --eval-every 5 --eval-batches 2 --log peer.jsonl
+  scripts/gpt_torch_peer.py --bench --data DIR ... --warmup 2 --bench-steps 10 [--json]
+DIR holds train.tokens and val.tokens (`strata data prepare --out DIR`).
+
+What is replicated, and from where (keep in step with the C++):
+  Model     scripts/gpt_golden.py's Block (pre-LayerNorm, causal attention through a qkv
+            Linear, tanh GELU MLP of 4C, LayerNorm eps 1e-5), token + learned position
+            embeddings, final LayerNorm, logits = lnf(x) wte^T (tied; --untied: a
+            separate lm_head.weight [V, C]), mean cross-entropy over the batch's tokens
+            (include/strata/gpt.h). vocab_size: the token file's unless --vocab;
+            block_size: --block-size, default --seq.
+  Init      model::InitGptTensor (src/model/gpt.cc): tensor id t in GptModel's order; for
+            N(0, s) tensors element i is Box-Muller over HashUniform(seed, t + 1, 2i) and
+            HashUniform(seed, t + 1, 2i + 1) (src/model/model.cc), s = 0.02, or
+            0.02 / sqrt(2 n_layer) for attn.proj.weight and mlp.proj.weight; linear biases
+            and LayerNorm biases 0, LayerNorm weights 1. Computed here with 64-bit integer
+            arithmetic (numpy uint64, wrapping mod 2^64) and double as in the C++.
+  Data      model::SampleStart / FillBatch (src/model/token_data.cc): micro-batch m of
+            step s (0-based; the log's step s + 1) holds global samples
+            s * G + m * B + j, j in [0, B), G = B * accumulation (one rank; with N ranks
+            strata's global batch is the same samples as micro-batch N * B here). Sample k
+            starts at p = SampleStart(data_seed, k, size, T): tokens = file[p, p + T),
+            targets = file[p + 1, p + T + 1). Seeds (src/cli/train.cc): --seed is strata
+            config's "seed" (default 1234), the init seed; data_seed = seed + 1.
+  Validation  (zero/gpt_trainer.h) the same fixed samples at every evaluation: sample j
+            of val.tokens under seed data_seed + 7, j in [0, eval_batches * B), in
+            micro-batches of B; the loss is the mean token loss over all of them.
+            Evaluations: before the first step (logged as step 0), after every
+            eval_every-th step, and after the last step (src/cli/gpt_train_job.cc).
+  Optimizer strata's Adam (include/strata/adam.h) = torch.optim.AdamW (default; decoupled
+            decay p *= 1 - lr wd) or torch.optim.Adam (--adam: L2 decay added to the
+            gradient), bias-corrected, eps added after sqrt(v) / sqrt(1 - beta2^t); one
+            group, every parameter decayed (the tied wte is one parameter). Defaults as
+            strata's config (include/strata/config.h): betas 0.9, 0.999, eps 1e-8,
+            weight decay 0.01. Constant learning rate.
+  Clipping  --clip C > 0: torch.nn.utils.clip_grad_norm_ (coefficient C / (norm + 1e-6),
+            applied when below 1), as src/zero/engine_update.cc.
+  Loss      the logged loss of step s is the mean token loss of its batch before that
+            step's update, as strata's.
+
+Log (--log FILE, JSON lines, the format of `strata train --model gpt --log`):
+  {"step": i, "loss": x, "lr": x, "tokens_per_s": x, "seconds": x, "grad_norm": x}  per step
+  (i from 1; seconds: batch, forward, backward and optimizer step), and
+  {"step": i, "val_loss": x} per evaluation.
+--bench prints tokens/s over --bench-steps steps after --warmup steps (no evaluation).
+
+Threads: --threads N is torch.set_num_threads(N) (ATen's OpenMP pool). Debian's torch does
+its fp32 matrix products in the libblas.so.3 alternative (OpenBLAS, pthread build), whose
+own pool has OPENBLAS_NUM_THREADS threads (default: every core). Two pools of all cores
+oversubscribe: on 2 cores --threads 2 ran 1.6-2.4x slower than --threads 1 (OpenBLAS
+still on both cores), the fastest PyTorch setting measured there (docs/benchmarks.md).
+scripts/gpt_compare.py runs this peer beside `strata train --model gpt`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import struct
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpt_golden import Block  # noqa: E402  (the model the kernel tests are checked against)
+
+MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+SAMPLE_STREAM = 0x746F6B656E730000  # token_data.cc's kSampleStream
+VALIDATION_SEED_OFFSET = 7  # zero/gpt_trainer.h's kValidationSeedOffset
+TOKEN_MAGIC = b"STRTOKN\0"
+TOKEN_HEADER_BYTES = 64
+
+
+# ---- the hashes (src/model/model.cc, src/model/token_data.cc) -------------------------
+
+
+def mix64(z: int) -> int:
+    """SplitMix64's finaliser on a Python int, mod 2^64."""
+    z &= MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def _mix64_np(z: np.ndarray) -> np.ndarray:
+    """mix64 over a uint64 array (numpy's uint64 arithmetic wraps mod 2^64)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _hash_np(seed: int, stream: int, index: np.ndarray) -> np.ndarray:
+    """Mix(Mix(Mix(seed + golden) ^ stream) + index * golden) over a uint64 array."""
+    base = np.uint64(mix64(mix64(seed + GOLDEN) ^ (stream & MASK64)))
+    with np.errstate(over="ignore"):
+        return _mix64_np(base + index.astype(np.uint64) * np.uint64(GOLDEN))
+
+
+def sample_start(seed: int, sample: int, file_size: int, seq: int) -> int:
+    """model::SampleStart: where sample `sample` starts, in [0, file_size - seq - 1]."""
+    if not (seq >= 1 and file_size > seq):
+        raise ValueError(f"SampleStart needs file_size > seq >= 1, got {file_size}, {seq}")
+    h = mix64(((mix64(mix64(seed + GOLDEN) ^ SAMPLE_STREAM)) + (sample & MASK64) * GOLDEN) & MASK64)
+    return h % (file_size - seq)
+
+
+def sample_starts(seed: int, first: int, count: int, file_size: int, seq: int) -> np.ndarray:
+    """SampleStart of samples [first, first + count), as int64."""
+    if not (seq >= 1 and file_size > seq):
+        raise ValueError(f"SampleStart needs file_size > seq >= 1, got {file_size}, {seq}")
+    h = _hash_np(seed, SAMPLE_STREAM, np.arange(first, first + count, dtype=np.uint64))
+    return (h % np.uint64(file_size - seq)).astype(np.int64)
+
+
+def hash_uniform(seed: int, stream: int, index: np.ndarray) -> np.ndarray:
+    """model::HashUniform: 24 bits -> [-1, 1), float32 (the C++'s float arithmetic is exact)."""
+    h = _hash_np(seed, stream, index)
+    return ((h >> np.uint64(40)).astype(np.float32) * np.float32(2.0 / 16777216.0) - np.float32(1.0)).astype(
+        np.float32
+    )
+
+
+# ---- the model's tensors and their init (include/strata/gpt.h, src/model/gpt.cc) -----
+
+BLOCK_TENSORS = (  # GptBlockTensor order; (name, init kind)
+    ("ln1.weight", "one"),
+    ("ln1.bias", "zero"),
+    ("attn.qkv.weight", "normal"),
+    ("attn.qkv.bias", "zero"),
+    ("attn.proj.weight", "residual"),
+    ("attn.proj.bias", "zero"),
+    ("ln2.weight", "one"),
+    ("ln2.bias", "zero"),
+    ("mlp.fc.weight", "normal"),
+    ("mlp.fc.bias", "zero"),
+    ("mlp.proj.weight", "residual"),
+    ("mlp.proj.bias", "zero"),
+)
+
+
+def tensor_specs(vocab: int, block: int, n_layer: int, n_embd: int, tied: bool = True):
+    """[(strata name, shape, init kind)] in GptModel's tensor-id order."""
+    c = n_embd
+    shapes = {
+        "attn.qkv.weight": (3 * c, c),
+        "attn.qkv.bias": (3 * c,),
+        "attn.proj.weight": (c, c),
+        "mlp.fc.weight": (4 * c, c),
+        "mlp.fc.bias": (4 * c,),
+        "mlp.proj.weight": (c, 4 * c),
+    }
+    out = [("wte", (vocab, c), "normal"), ("wpe", (block, c), "normal")]
+    for layer in range(n_layer):
+        for name, kind in BLOCK_TENSORS:
+            out.append((f"h{layer}.{name}", shapes.get(name, (c,)), kind))
+    out += [("lnf.weight", (c,), "one"), ("lnf.bias", (c,), "zero")]
+    if not tied:
+        out.append(("lm_head.weight", (vocab, c), "normal"))
+    return out
+
+
+def init_tensor(seed: int, tensor_id: int, kind: str, shape, n_layer: int, chunk: int = 1 << 22) -> np.ndarray:
+    """InitGptTensor of a whole tensor, as float32 of `shape`."""
+    n = int(np.prod(shape))
+    if kind in ("zero", "one"):
+        return np.full(shape, 1.0 if kind == "one" else 0.0, dtype=np.float32)
+    std = 0.02 if kind == "normal" else 0.02 / math.sqrt(2.0 * n_layer)
+    stream = tensor_id + 1
+    out = np.empty(n, dtype=np.float32)
+    two_pi = 2.0 * math.pi
+    for begin in range(0, n, chunk):
+        i = np.arange(begin, min(n, begin + chunk), dtype=np.uint64) * np.uint64(2)
+        u1 = (1.0 - hash_uniform(seed, stream, i).astype(np.float64)) / 2.0
+        u2 = (1.0 + hash_uniform(seed, stream, i + np.uint64(1)).astype(np.float64)) / 2.0
+        z = np.sqrt(-2.0 * np.log(u1)) * np.cos(two_pi * u2)
+        out[begin : begin + len(i)] = (std * z).astype(np.float32)
+    return out.reshape(shape)
+
+
+class GptPeer(torch.nn.Module):
+    """strata's GPT (include/strata/gpt.h) from gpt_golden.py's Block."""
+
+    def __init__(self, vocab: int, block: int, n_layer: int, n_head: int, n_embd: int, tied: bool = True):
+        super().__init__()
+        if n_embd % n_head:
+            raise ValueError(f"n_embd ({n_embd}) must be a multiple of n_head ({n_head})")
+        self.vocab, self.block, self.n_layer, self.tied = vocab, block, n_layer, tied
+        self.wte = torch.nn.Parameter(torch.empty(vocab, n_embd))
+        self.wpe = torch.nn.Parameter(torch.empty(block, n_embd))
+        self.blocks = torch.nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer))
+        self.lnf = torch.nn.LayerNorm(n_embd)
+        self.lm_head = None if tied else torch.nn.Parameter(torch.empty(vocab, n_embd))
+
+    def ordered_params(self):
+        """The parameters in GptModel's tensor-id order."""
+        out = [self.wte, self.wpe]
+        for blk in self.blocks:
+            for m in (blk.ln1, blk.qkv, blk.proj, blk.ln2, blk.fc, blk.fc_proj):
+                out += [m.weight, m.bias]
+        out += [self.lnf.weight, self.lnf.bias]
+        return out if self.tied else out + [self.lm_head]
+
+    def init_like_strata(self, seed: int) -> None:
+        specs = tensor_specs(self.vocab, self.block, self.n_layer, self.wte.shape[1], self.tied)
+        with torch.no_grad():
+            for tid, (p, (name, shape, kind)) in enumerate(zip(self.ordered_params(), specs)):
+                assert tuple(p.shape) == tuple(shape), (name, p.shape, shape)
+                p.copy_(torch.from_numpy(init_tensor(seed, tid, kind, shape, self.n_layer)))
+
+    def forward(self, tokens, targets):
+        x = self.wte[tokens] + self.wpe[: tokens.shape[1]]
+        for blk in self.blocks:
+            x = blk(x)
+        head = self.wte if self.tied else self.lm_head
+        logits = self.lnf(x) @ head.t()
+        return F.cross_entropy(logits.view(-1, self.vocab), targets.reshape(-1))
+
+
+# ---- token files (include/strata/token_data.h) -----------------------------------------
+
+
+def _fnv1a64(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & MASK64
+    return h
+
+
+class TokenFile:
+    """A strata token file (format version 1), its tokens memory-mapped."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        try:
+            with open(path, "rb") as f:
+                head = f.read(TOKEN_HEADER_BYTES)
+        except FileNotFoundError:
+            raise SystemExit(f"{path}: token file does not exist (run `strata data prepare`)") from None
+        if len(head) < TOKEN_HEADER_BYTES or head[:8] != TOKEN_MAGIC:
+            raise SystemExit(f"{path}: not a strata token file")
+        version, width, vocab, count = struct.unpack_from("<IIQQ", head, 8)
+        (checksum,) = struct.unpack_from("<Q", head, 56)
+        if version != 1 or checksum != _fnv1a64(head[:56]) or width not in (2, 4):
+            raise SystemExit(f"{path}: unsupported version {version}, width {width} or bad header checksum")
+        size = Path(path).stat().st_size
+        if size != TOKEN_HEADER_BYTES + count * width:
+            raise SystemExit(f"{path}: {size} bytes, the header's {count} tokens need {64 + count * width}")
+        self.vocab, self.size = vocab, count
+        dtype = np.dtype("<u2") if width == 2 else np.dtype("<u4")
+        self.tokens = np.memmap(path, dtype=dtype, mode="r", offset=TOKEN_HEADER_BYTES, shape=(count,))
+
+    def batch(self, seed: int, first: int, count: int, seq: int):
+        """FillBatch: samples [first, first + count) -> (tokens, targets) int64 [count, seq]."""
+        starts = sample_starts(seed, first, count, self.size, seq)
+        win = np.stack([np.asarray(self.tokens[p : p + seq + 1], dtype=np.int64) for p in starts])
+        return torch.from_numpy(win[:, :seq].copy()), torch.from_numpy(win[:, 1:].copy())
+
+
+# ---- training ----------------------------------------------------------------------------
+
+
+class Peer:
+    def __init__(self, args):
+        self.args = args
+        data = Path(args.data)
+        self.train = TokenFile(data / "train.tokens")
+        self.val = TokenFile(data / "val.tokens") if (data / "val.tokens").exists() else None
+        vocab = args.vocab or self.train.vocab
+        block = args.block_size or args.seq
+        if args.seq > block:
+            raise SystemExit(f"--seq {args.seq} exceeds --block-size {block}")
+        for f in (self.train, self.val):
+            if f is not None and f.size <= args.seq + 1:
+                raise SystemExit(f"{f.path}: {f.size} tokens, too few for samples of {args.seq} tokens")
+        self.model = GptPeer(vocab, block, args.n_layer, args.n_head, args.n_embd, tied=not args.untied)
+        self.model.init_like_strata(args.seed)
+        opt = torch.optim.Adam if args.adam else torch.optim.AdamW
+        self.opt = opt(
+            self.model.parameters(),
+            lr=args.lr,
+            betas=(args.beta1, args.beta2),
+            eps=args.eps,
+            weight_decay=args.weight_decay,
+        )
+        self.data_seed = args.seed + 1 if args.data_seed is None else args.data_seed
+        self.accum = args.gradient_accumulation_steps
+
+    def step(self, step: int):
+        """Training step `step` (0-based): (loss before the update, grad norm)."""
+        b, t, accum = self.args.micro_batch, self.args.seq, self.accum
+        self.opt.zero_grad(set_to_none=False)
+        loss_sum = 0.0
+        for m in range(accum):
+            tokens, targets = self.train.batch(self.data_seed, step * b * accum + m * b, b, t)
+            loss = self.model(tokens, targets) / accum
+            loss.backward()
+            loss_sum += loss.item()
+        params = [p for p in self.model.parameters()]
+        if self.args.clip > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(params, self.args.clip))
+        else:
+            norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
+        self.opt.step()
+        return loss_sum, norm
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        b, t, n = self.args.micro_batch, self.args.seq, self.args.eval_batches
+        seed = self.data_seed + VALIDATION_SEED_OFFSET
+        total = 0.0
+        for i in range(n):
+            tokens, targets = self.val.batch(seed, i * b, b, t)
+            total += self.model(tokens, targets).item() / n
+        return total
+
+
+def run_train(peer: Peer, args) -> None:
+    log = open(args.log, "w") if args.log else None
+
+    def write(line):
+        if log:
+            log.write(json.dumps(line) + "\n")
+            log.flush()
+
+    def evaluate(step):
+        if peer.val is None:
+            return
+        v = peer.evaluate()
+        write({"step": step, "val_loss": v})
+        print(f"validation loss {v:.6f} after {step} steps", flush=True)
+
+    tokens_per_step = args.micro_batch * args.seq * peer.accum
+    evaluate(0)
+    for s in range(args.steps):
+        t0 = time.perf_counter()
+        loss, norm = peer.step(s)
+        sec = time.perf_counter() - t0
+        write({"step": s + 1, "loss": loss, "lr": args.lr, "tokens_per_s": tokens_per_step / sec,
+               "seconds": sec, "grad_norm": norm})
+        print(f"step {s + 1:5d}/{args.steps}  loss {loss:.6f}  {tokens_per_step / sec:.0f} tokens/s", flush=True)
+        last = s + 1 == args.steps
+        if last or (args.eval_every > 0 and (s + 1) % args.eval_every == 0):
+            evaluate(s + 1)
+    if log:
+        log.close()
+
+
+def run_bench(peer: Peer, args) -> None:
+    for s in range(args.warmup):
+        peer.step(s)
+    t0 = time.perf_counter()
+    for s in range(args.warmup, args.warmup + args.bench_steps):
+        peer.step(s)
+    sec = time.perf_counter() - t0
+    tokens = args.micro_batch * args.seq * peer.accum * args.bench_steps
+    n_params = sum(p.numel() for p in peer.model.parameters())
+    result = {
+        "framework": f"pytorch {torch.__version__}",
+        "threads": torch.get_num_threads(),
+        "params": n_params,
+        "n_layer": args.n_layer,
+        "n_head": args.n_head,
+        "n_embd": args.n_embd,
+        "seq": args.seq,
+        "micro_batch": args.micro_batch,
+        "steps": args.bench_steps,
+        "seconds": sec,
+        "tokens_per_s": tokens / sec,
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"pytorch {torch.__version__}, {torch.get_num_threads()} threads, {n_params} parameters: "
+              f"{tokens / sec:.1f} tokens/s ({sec / args.bench_steps * 1e3:.1f} ms/step)")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--train", action="store_true", help="train --steps steps, evaluating, logging")
+    mode.add_argument("--bench", action="store_true", help="time --bench-steps steps after --warmup")
+    p.add_argument("--data", required=True, help="folder with train.tokens and val.tokens")
+    p.add_argument("--n-layer", type=int, default=4)
+    p.add_argument("--n-head", type=int, default=4)
+    p.add_argument("--n-embd", type=int, default=128)
+    p.add_argument("--seq", type=int, default=128, help="tokens per sample")
+    p.add_argument("--block-size", type=int, default=0, help="rows of wpe (default --seq)")
+    p.add_argument("--vocab", type=int, default=0, help="vocab_size (default: the token file's)")
+    p.add_argument("--untied", action="store_true", help="an lm_head.weight of its own")
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--gradient-accumulation-steps", type=int, default=1)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--beta1", type=float, default=0.9)
+    p.add_argument("--beta2", type=float, default=0.999)
+    p.add_argument("--eps", type=float, default=1e-8)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--adam", action="store_true", help="Adam with L2 decay instead of AdamW")
+    p.add_argument("--clip", type=float, default=0.0, help="gradient clipping max norm (0: off)")
+    p.add_argument("--seed", type=int, default=1234, help="strata config's seed: the parameter init seed")
+    p.add_argument("--data-seed", type=int, default=None, help="batch seed (default --seed + 1, as strata)")
+    p.add_argument("--eval-every", type=int, default=50, help="0: only before the first and after the last step")
+    p.add_argument("--eval-batches", type=int, default=4)
+    p.add_argument("--log", default="", help="JSON-lines log")
+    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--bench-steps", type=int, default=10)
+    p.add_argument("--json", action="store_true", help="--bench: print the result as JSON")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)  # nothing random is drawn; for certainty
+    peer = Peer(args)
+    if args.train:
+        run_train(peer, args)
+    else:
+        run_bench(peer, args)
+
+
+if __name__ == "__main__":
+    main()
