@@ -216,12 +216,14 @@ pkgconfig_exe=$(command -v pkg-config || command -v pkgconf || echo "$prefix/usr
 # 2. Configure and build with CUDA: the strata binary and the gpu tests. Optimised as the
 # default build (-O2) but without debug information, which only costs compile and link
 # time here. NCCL is optional: without it the one-GPU paths build and run, and the NCCL
-# test checks the "built without NCCL" refusal instead.
+# test checks the "built without NCCL" refusal instead. The CPU matrix products use the
+# built-in kernel (STRATA_BLAS=none): oneDNN and the OpenCL loader it needs are not among
+# the carried .debs, and the GPU checks compare against CPU kernels, not against oneDNN.
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 step configure 90 cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG" -DCMAKE_CUDA_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG" \
-  -DSTRATA_CUDA=ON -DSTRATA_NCCL=AUTO -DSTRATA_BUILD_BENCH=OFF \
+  -DSTRATA_CUDA=ON -DSTRATA_NCCL=AUTO -DSTRATA_BUILD_BENCH=OFF -DSTRATA_BLAS=none \
   -DCMAKE_PREFIX_PATH="$prefix/usr" -DPKG_CONFIG_EXECUTABLE="$pkgconfig_exe" \
   -DMPI_CXX_COMPILER="$prefix/usr/bin/mpicxx.openmpi" ${DEVICE_CHECK_CMAKE_ARGS:-} || fatal "configure"
 if grep -q "strata: NCCL not found\|STRATA_NCCL=OFF" "$out/configure.log"; then nccl_state=absent; else nccl_state=found; fi

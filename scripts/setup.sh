@@ -11,6 +11,7 @@ packages=(
   liburing-dev libhwloc-dev hwloc libtbb-dev
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
+  libdnnl-dev  # oneDNN: the CPU matrix products (STRATA_BLAS=onednn, cmake/StrataBlas.cmake)
   nlohmann-json3-dev libcli11-dev libxxhash-dev
   fio python3
   python3-dev python3-venv python3-torch python3-matplotlib

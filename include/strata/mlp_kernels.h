@@ -6,9 +6,10 @@
 //    by `dtype`; 16-bit values are converted to fp32 on load and all arithmetic accumulates
 //    in fp32. Activations and gradients are fp32.
 //  - Determinism: every output element is computed by one thread with a fixed summation
-//    order (ascending along the reduced dimension), so results are bit-identical for any
-//    thread count and any oneTBB partitioning. They may differ between machines (the AVX2
-//    + FMA path is used where the CPU has it, a plain one elsewhere).
+//    order (ascending along the reduced dimension, or oneDNN's order for Gemm's products),
+//    so results are bit-identical for any thread count and any oneTBB partitioning. They
+//    may differ between machines and builds (oneDNN, and the built-in kernel's AVX2 + FMA
+//    path, pick their kernels per CPU).
 //  - GELU is the tanh approximation (PyTorch's approximate="tanh"):
 //        gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 //    The CUDA kernels use the same formula.
@@ -49,15 +50,32 @@ double LossForwardBackward(LossKind kind, const float* y, const float* targets, 
                            int64_t batch, int64_t out, double normaliser, float* dy);
 
 // C [m, n] (=|+=) A [m, k] B [k, n], all fp32 row-major with leading dimensions lda, ldb,
-// ldc; c[i, j] = (accumulate ? c_old : 0) + sum_{p ascending} a[i, p] b[p, j]. The building
-// block of the Linear kernels, exposed for tests and benchmarks.
+// ldc; c[i, j] = (accumulate ? c_old : 0) + sum_p a[i, p] b[p, j]. The building block of
+// the Linear kernels, exposed for tests and benchmarks.
+// It runs on the library chosen at configure time (STRATA_BLAS=onednn, the default;
+// GemmLibrary names it), single-threaded on each tile of a grid fixed by the shape, the
+// tiles in parallel on oneTBB; with STRATA_BLAS=none, on GemmBuiltin. Either way an
+// element's bits depend only on its row of A, its column of B, k and its old value: not
+// on the thread count, m, n or where it lies (a row alone gets the bits it has in a
+// batch; for oneDNN this is measured on its kernels, which tests/model/gemm_blas_test.cc
+// checks). The two sum in different orders, so their bits differ from each other.
 void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
           int64_t ldc, bool accumulate);
 
-// Whether Gemm uses the AVX2 + FMA micro-kernel on this machine.
+// The built-in kernel, whatever Gemm uses: c[i, j] = (accumulate ? c_old : 0) + sum over
+// p ascending of a[i, p] b[p, j] (one FMA chain per element on the AVX2 + FMA path), so
+// an element's bits depend only on its row of A, its column of B and k.
+void GemmBuiltin(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                 float* c, int64_t ldc, bool accumulate);
+
+// What Gemm runs on now, e.g. "oneDNN 2.6.3 (AVX-512 kernels)", or "built-in".
+const char* GemmLibrary();
+
+// Whether GemmBuiltin uses the AVX2 + FMA micro-kernel on this machine.
 bool GemmUsesAvx2();
-// For tests: use the plain (non-AVX2) micro-kernel from now on (false: back to automatic).
-// Not for use while kernels run on other threads.
+// For tests: Gemm runs on GemmBuiltin with its plain (non-AVX2) micro-kernel from now on,
+// bypassing any BLAS (false: back to automatic). Not for use while kernels run on other
+// threads.
 void ForceGenericGemmForTesting(bool generic);
 
 // Converts `n` parameters of `dtype` to fp32 (round trip exact for 16-bit values).

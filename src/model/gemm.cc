@@ -1,12 +1,16 @@
-// Cache-blocked fp32 GEMM on oneTBB threads, deterministic for any thread count.
+// fp32 GEMM: oneDNN (STRATA_BLAS=onednn, the default; gemm_blas.cc) single-threaded on a
+// fixed oneTBB tile grid (gemm_tiles.h), or the built-in cache-blocked kernel below
+// (STRATA_BLAS=none, and GemmBuiltin always). With either, an element's bits depend only
+// on its row of A, its column of B, k and its old value. docs/benchmarks.md has the
+// figures of the choice ("CPU matrix products: the BLAS choice").
 //
-// Why this shape: C is cut into fixed tiles (kMc x kNc) that are the unit of parallel work,
-// and every element of C is accumulated by one thread in ascending k order, so the result
-// does not depend on the number of threads or how oneTBB schedules tiles. Inside a tile,
-// a kKc x kNc block of B is packed (zero-padded to whole 16-column panels, so that every
-// column goes through the same micro-kernel and has the same rounding) and reused by all
-// row blocks; the micro-kernel keeps a 6 x 16 block of C in registers (12 accumulators,
-// enough independent FMA chains to cover the FMA latency).
+// The built-in kernel's shape: C is cut into fixed tiles (kMc x kNc) that are the unit
+// of parallel work, and every element of C is accumulated by one thread in ascending k
+// order, so the result does not depend on the number of threads or how oneTBB schedules
+// tiles. Inside a tile, a kKc x kNc block of B is packed (zero-padded to whole 16-column
+// panels, so that every column goes through the same micro-kernel and has the same
+// rounding) and reused by all row blocks; the micro-kernel keeps a 6 x 16 block of C in
+// registers (12 accumulators, enough independent FMA chains to cover the FMA latency).
 #include <immintrin.h>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -16,6 +20,8 @@
 #include <cstring>
 #include <vector>
 
+#include "model/gemm_blas.h"
+#include "model/gemm_tiles.h"
 #include "strata/mlp_kernels.h"
 
 namespace strata::model {
@@ -140,8 +146,12 @@ bool GemmUsesAvx2() { return HaveAvx2(); }
 
 void ForceGenericGemmForTesting(bool generic) { force_generic.store(generic, std::memory_order_relaxed); }
 
-void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
-          int64_t ldc, bool accumulate) {
+const char* GemmLibrary() {
+  return blas::Linked() && !force_generic.load(std::memory_order_relaxed) ? blas::Name() : "built-in";
+}
+
+void GemmBuiltin(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                 float* c, int64_t ldc, bool accumulate) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     if (!accumulate) {
@@ -162,6 +172,17 @@ void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const fl
   }
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, mt * nt, 1), [&](const tbb::blocked_range<int64_t>& r) {
     for (int64_t t = r.begin(); t < r.end(); ++t) run(t);
+  });
+}
+
+void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+          int64_t ldc, bool accumulate) {
+  if (!blas::Linked() || force_generic.load(std::memory_order_relaxed) || m <= 0 || n <= 0 || k <= 0) {
+    GemmBuiltin(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+    return;
+  }
+  ForEachGemmTile(m, n, PlanGemmTiles(m, n, k), [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    blas::Sgemm(i1 - i0, j1 - j0, k, a + i0 * lda, lda, b + j0, ldb, c + i0 * ldc + j0, ldc, accumulate);
   });
 }
 
