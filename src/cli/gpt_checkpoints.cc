@@ -39,21 +39,21 @@ Status CheckSameRun(const nlohmann::json& saved, const nlohmann::json& now, cons
 
 Result<std::string> FindCheckpoint(const GptTrainJob& job) {
   namespace fs = std::filesystem;
-  if (job.resume == "auto") {
-    auto latest = LatestCheckpoint(job.save_dir);
+  if (job.run.resume == "auto") {
+    auto latest = LatestCheckpoint(job.run.save_dir);
     if (latest.status().code() == StatusCode::kNotFound) return std::string();
     return latest;
   }
   std::error_code ec;
-  if (fs::exists(fs::path(job.resume) / "manifest.json", ec)) return job.resume;
-  return LatestCheckpoint(job.resume);
+  if (fs::exists(fs::path(job.run.resume) / "manifest.json", ec)) return job.run.resume;
+  return LatestCheckpoint(job.run.resume);
 }
 
 }  // namespace
 
 Result<ResumePoint> Resume(Engine& engine, const GptTrainJob& job, const model::TokenFile& train) {
   ResumePoint p;
-  if (job.resume.empty()) return p;
+  if (job.run.resume.empty()) return p;
   STRATA_ASSIGN_OR_RETURN(p.dir, FindCheckpoint(job));
   if (p.dir.empty()) return p;
   CheckpointMeta meta;
@@ -78,8 +78,8 @@ Result<double> Save(Engine& engine, const GptTrainJob& job, const model::TokenFi
   state["applied"] = applied;
   CheckpointMeta meta;
   meta.json = state.dump();
-  STRATA_RETURN_IF_ERROR(engine.SaveCheckpoint(CheckpointPath(job.save_dir, done), meta));
-  if (rank == 0) STRATA_RETURN_IF_ERROR(KeepNewestCheckpoints(job.save_dir, job.keep));
+  STRATA_RETURN_IF_ERROR(engine.SaveCheckpoint(CheckpointPath(job.run.save_dir, done), meta));
+  if (rank == 0) STRATA_RETURN_IF_ERROR(KeepNewestCheckpoints(job.run.save_dir, job.run.keep));
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

@@ -21,26 +21,26 @@ void AddGptFlags(CLI::App* cmd, GptFlags* g) {
       cmd->add_flag("--untied", g->untied,
                     "an LM head of its own instead of the token embedding's transpose"),
       cmd->add_option(
-             "--eval-every", g->eval_every,
+             "--eval-every", g->run.eval_every,
              "validation loss every N steps, and before the first and after the last (0: only those)")
           ->capture_default_str(),
-      cmd->add_option("--eval-batches", g->eval_batches, "micro-batches per rank per validation")
+      cmd->add_option("--eval-batches", g->run.eval_batches, "micro-batches per rank per validation")
           ->capture_default_str(),
-      cmd->add_option("--sample", g->sample, "tokens of text sampled from the model at the end (0: none)")
+      cmd->add_option("--sample", g->run.sample, "tokens of text sampled from the model at the end (0: none)")
           ->capture_default_str(),
-      cmd->add_option("--temperature", g->temperature, "sampling temperature")->capture_default_str(),
-      cmd->add_option("--prompt", g->prompt, "text the sample continues (default: a newline)"),
-      cmd->add_option("--log", g->log_path, "JSON-lines log: one line per step and per validation"),
-      cmd->add_option("--save", g->save_dir,
+      cmd->add_option("--temperature", g->run.temperature, "sampling temperature")->capture_default_str(),
+      cmd->add_option("--prompt", g->run.prompt, "text the sample continues (default: a newline)"),
+      cmd->add_option("--log", g->run.log_path, "JSON-lines log: one line per step and per validation"),
+      cmd->add_option("--save", g->run.save_dir,
                       "checkpoint directory: DIR/step-NNNNNNNNN after every --save-every steps and the last"),
-      cmd->add_option("--save-every", g->save_every,
+      cmd->add_option("--save-every", g->run.save_every,
                       "steps between checkpoints (0: only after the last step)")
           ->capture_default_str(),
-      cmd->add_option("--keep", g->keep,
+      cmd->add_option("--keep", g->run.keep,
                       "checkpoints kept under --save (older ones removed once a new one is complete)")
           ->capture_default_str(),
       cmd->add_option(
-          "--resume", g->resume,
+          "--resume", g->run.resume,
           "continue from a checkpoint: its directory, a --save directory (its newest), or \"auto\" (the "
           "newest under --save, none: a fresh start); --steps counts the whole run's steps")};
 }
@@ -50,7 +50,7 @@ Status CheckGptFlags(const GptFlags& g) {
                          {"--n-head", g.n_head},
                          {"--n-embd", g.n_embd},
                          {"--seq", g.seq},
-                         {"--eval-batches", g.eval_batches}}) {
+                         {"--eval-batches", g.run.eval_batches}}) {
     if (v < 1)
       return InvalidArgumentError(std::string(name) + " " + std::to_string(v) + ": must be at least 1");
   }
@@ -62,16 +62,16 @@ Status CheckGptFlags(const GptFlags& g) {
     return InvalidArgumentError("--n-embd " + std::to_string(g.n_embd) + " is not a multiple of --n-head " +
                                 std::to_string(g.n_head));
   }
-  if (g.eval_every < 0)
-    return InvalidArgumentError("--eval-every " + std::to_string(g.eval_every) + ": must be at least 0");
-  if (g.sample < 0)
-    return InvalidArgumentError("--sample " + std::to_string(g.sample) + ": must be at least 0");
-  if (!(g.temperature > 0)) return InvalidArgumentError("--temperature must be above 0");
-  if (g.save_every < 0 || g.keep < 1) {
+  if (g.run.eval_every < 0)
+    return InvalidArgumentError("--eval-every " + std::to_string(g.run.eval_every) + ": must be at least 0");
+  if (g.run.sample < 0)
+    return InvalidArgumentError("--sample " + std::to_string(g.run.sample) + ": must be at least 0");
+  if (!(g.run.temperature > 0)) return InvalidArgumentError("--temperature must be above 0");
+  if (g.run.save_every < 0 || g.run.keep < 1) {
     return InvalidArgumentError("--save-every must be at least 0 and --keep at least 1");
   }
-  if (g.save_dir.empty() && (g.save_every > 0 || g.resume == "auto")) {
-    return InvalidArgumentError(std::string(g.save_every > 0 ? "--save-every" : "--resume auto") +
+  if (g.run.save_dir.empty() && (g.run.save_every > 0 || g.run.resume == "auto")) {
+    return InvalidArgumentError(std::string(g.run.save_every > 0 ? "--save-every" : "--resume auto") +
                                 " needs --save DIR: the directory the checkpoints go to");
   }
   return OkStatus();

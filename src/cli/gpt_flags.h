@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/gpt_train_job.h"
 #include "strata/gpt.h"
 #include "strata/status.h"
 
@@ -17,14 +18,7 @@ struct GptFlags {
   std::string data_dir;  // empty: the fortunes corpus, prepared on first use
   int64_t n_layer = 4, n_head = 4, n_embd = 128, seq = 128, block_size = 0;
   bool untied = false;
-  int eval_every = 50;
-  int64_t eval_batches = 4;
-  int64_t sample = 200;
-  double temperature = 0.8;
-  std::string prompt, log_path;
-  std::string save_dir, resume;  // checkpoints: where to save; what to resume ("auto": the newest)
-  int save_every = 0;            // 0: only after the last step (when --save is given)
-  int keep = 2;
+  GptRunSettings run;
   std::vector<CLI::Option*> options;  // every flag above, to refuse them with --model mlp
 };
 

@@ -98,10 +98,10 @@ struct Loop {
 
   // A save after `done` steps when one is due: every --save-every steps and after the last.
   Status MaybeSave(int done, int64_t applied) {
-    const bool due = done == job.steps || (job.save_every > 0 && done % job.save_every == 0);
-    if (job.save_dir.empty() || !due) return OkStatus();
+    const bool due = done == job.steps || (job.run.save_every > 0 && done % job.run.save_every == 0);
+    if (job.run.save_dir.empty() || !due) return OkStatus();
     STRATA_ASSIGN_OR_RETURN(const double seconds, Save(engine, job, train, done, applied, world.rank()));
-    const std::string path = CheckpointPath(job.save_dir, done);
+    const std::string path = CheckpointPath(job.run.save_dir, done);
     if (world.rank() == 0) log.Write({{"step", done}, {"checkpoint", path}, {"save_s", seconds}});
     if (print)
       std::printf("checkpoint %s saved (training paused %s)\n", path.c_str(), FormatSeconds(seconds).c_str());
@@ -133,7 +133,7 @@ struct Loop {
       if (print)
         std::printf("%s\n", progress.Line(step, r.loss, lr, seconds, r.result).c_str()), std::fflush(stdout);
       const bool last = step + 1 == job.steps;
-      if (last || (job.eval_every > 0 && (step + 1) % job.eval_every == 0))
+      if (last || (job.run.eval_every > 0 && (step + 1) % job.run.eval_every == 0))
         STRATA_RETURN_IF_ERROR(Evaluate(step + 1));
       STRATA_RETURN_IF_ERROR(MaybeSave(step + 1, applied));
     }
@@ -141,14 +141,14 @@ struct Loop {
   }
 
   Status Sample() {
-    if (job.sample_tokens <= 0) return OkStatus();
+    if (job.run.sample <= 0) return OkStatus();
     std::vector<int32_t> prompt;
-    for (unsigned char c : job.prompt) prompt.push_back(c);
+    for (unsigned char c : job.run.prompt) prompt.push_back(c);
     if (prompt.empty()) prompt.push_back('\n');
     STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> text,
-                            trainer.Sample(prompt, job.sample_tokens, job.data_seed + 101, job.temperature));
+                            trainer.Sample(prompt, job.run.sample, job.data_seed + 101, job.run.temperature));
     if (print)
-      std::printf("sample (temperature %g):\n%s%s\n", job.temperature, job.prompt.c_str(),
+      std::printf("sample (temperature %g):\n%s%s\n", job.run.temperature, job.run.prompt.c_str(),
                   Printable(text).c_str());
     if (world.rank() == 0)
       log.Write({{"step", job.steps}, {"sample", Printable(text)}, {"sample_tokens", text}});
@@ -175,7 +175,7 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
   ts.micro_batch = job.config.train_micro_batch_size_per_gpu;
   ts.data_seed = job.data_seed;
   ts.recompute = job.config.activation_checkpointing;
-  ts.eval_batches = job.eval_batches;
+  ts.eval_batches = job.run.eval_batches;
   ts.check_stop = [&guard] { return guard.Check(); };
   zero::GptTrainer trainer(*setup->engine, world, job.config, ts, train, &val);
   ThrowIfError(trainer.Check());
@@ -187,7 +187,7 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
     std::printf("resumed from %s after %lld steps\n", from->dir.c_str(),
                 static_cast<long long>(from->next_step));
   }
-  JsonLog log(rank0 ? job.log_path : std::string(), /*append=*/!from->dir.empty());
+  JsonLog log(rank0 ? job.run.log_path : std::string(), /*append=*/!from->dir.empty());
   Loop loop{job, world, *setup->engine, trainer, train, log, rank0 && !job.json};
   Status status = loop.Train(*from);
   if (status.ok()) status = loop.Sample();

@@ -15,6 +15,21 @@
 
 namespace strata::cli {
 
+// What the loop does besides training: validation, the sample, the log, checkpoints. The
+// defaults are `strata train`'s, sized for a few minutes on two cores.
+struct GptRunSettings {
+  int eval_every = 50;       // 0: only before the first and after the last step
+  int64_t eval_batches = 4;  // micro-batches per rank per evaluation
+  int64_t sample = 200;      // tokens sampled at the end; 0: none
+  double temperature = 0.8;
+  std::string prompt;    // bytes; the sample starts after it (empty: a newline)
+  std::string log_path;  // JSON lines; empty: none
+  std::string save_dir;  // checkpoints; empty: none
+  int save_every = 0;    // 0: after the last step only
+  int keep = 2;
+  std::string resume;  // a checkpoint, a --save directory, or "auto"; empty: fresh start
+};
+
 struct GptTrainJob {
   Config config;  // batch sizes resolved (ResolveBatchSizes)
   model::GptSpec model;
@@ -22,17 +37,8 @@ struct GptTrainJob {
   std::string train_path, val_path;  // token files (strata data prepare)
   uint64_t data_seed = 0;
   int steps = 0;
-  int eval_every = 0;        // 0: only before the first and after the last step
-  int64_t eval_batches = 1;  // micro-batches per rank per evaluation
-  int64_t sample_tokens = 0;
-  double temperature = 1.0;
-  std::string prompt;    // bytes; the sample starts after it
-  std::string log_path;  // JSON lines; empty: none
-  std::string save_dir;  // checkpoints; empty: none
-  int save_every = 0;    // 0: after the last step only
-  int keep = 2;
-  std::string resume;  // a checkpoint, a --save directory, or "auto"; empty: fresh start
-  bool json = false;   // the report as JSON at the end instead of text lines
+  GptRunSettings run;
+  bool json = false;  // the report as JSON at the end instead of text lines
   Origins origin;
 };
 

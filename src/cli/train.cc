@@ -276,16 +276,7 @@ GptTrainJob PrepareGpt(const TrainFlags& f, Prepared* p) {
   job.val_path = paths->val;
   job.data_seed = p->config.seed + 1;
   job.steps = f.steps;
-  job.eval_every = g.eval_every;
-  job.eval_batches = g.eval_batches;
-  job.sample_tokens = g.sample;
-  job.temperature = g.temperature;
-  job.prompt = g.prompt;
-  job.log_path = g.log_path;
-  job.save_dir = g.save_dir;
-  job.save_every = g.save_every;
-  job.keep = g.keep;
-  job.resume = g.resume;
+  job.run = g.run;
   job.json = f.json;
   if (paths->prepared && p->world->rank() == 0) {
     std::fprintf(stderr, "strata: tokenised the default corpus (%s) into %s and %s\n",

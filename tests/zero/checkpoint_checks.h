@@ -123,25 +123,10 @@ inline ResumeSubject ChainSubject(Communicator& world, const ChainSetup& setup) 
   };
   s.train = [&world, setup](Engine& e, const Config& config, int first, int count,
                             std::vector<double>* losses) {
-    ChainDriver driver(setup.model);
-    ExternalGradHooks external(e, setup.model);
-    ModuleHooks& hooks = setup.external_grads ? static_cast<ModuleHooks&>(external) : e;
-    std::vector<float> x, y;
-    const int accum = config.gradient_accumulation_steps;
+    ChainStepper stepper(world, e, setup);
     for (int step = first; step < first + count; ++step) {
       double loss = 0;
-      const double scale = e.loss_scale();
-      for (int mb = 0; mb < accum; ++mb) {
-        const model::BatchSlice slice{step, world.rank(), world.size(), mb, accum, setup.micro_batch};
-        FillChainBatch(setup.data_seed, slice.FirstSampleIndex(), setup.micro_batch, &x, &y);
-        STRATA_RETURN_IF_ERROR(e.BeginMicroBatch());
-        const double normaliser = static_cast<double>(slice.GlobalBatchSize()) / scale;
-        STRATA_ASSIGN_OR_RETURN(double l, driver.ForwardBackward(setup.program(step, mb), x, y,
-                                                                 setup.micro_batch, normaliser, hooks));
-        loss += l / scale;
-      }
-      STRATA_RETURN_IF_ERROR(e.Step().status());
-      STRATA_ASSIGN_OR_RETURN(loss, zero::SumInRankOrder(world, loss));
+      STRATA_RETURN_IF_ERROR(stepper.Step(config, step, &loss).status());
       losses->push_back(loss);
     }
     return OkStatus();

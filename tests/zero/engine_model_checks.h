@@ -115,6 +115,41 @@ inline ChainRun FinishRun(ChainRun run, Status trained, Engine& e, Device& dev, 
   return run;
 }
 
+// One training step of `setup` with the engine on this rank's slices of the data: the
+// window's micro-batches, Step(), and the global loss (every rank calls it).
+class ChainStepper {
+ public:
+  ChainStepper(Communicator& world, Engine& engine, const ChainSetup& setup)
+      : world_(world), e_(engine), setup_(setup), driver_(setup.model), external_(engine, setup.model) {}
+
+  Result<StepResult> Step(const Config& config, int step, double* loss) {
+    ModuleHooks& hooks = setup_.external_grads ? static_cast<ModuleHooks&>(external_) : e_;
+    const int accum = config.gradient_accumulation_steps;
+    const double scale = e_.loss_scale();
+    double sum = 0;
+    for (int mb = 0; mb < accum; ++mb) {
+      const model::BatchSlice slice{step, world_.rank(), world_.size(), mb, accum, setup_.micro_batch};
+      FillChainBatch(setup_.data_seed, slice.FirstSampleIndex(), setup_.micro_batch, &x_, &y_);
+      STRATA_RETURN_IF_ERROR(e_.BeginMicroBatch());
+      const double normaliser = static_cast<double>(slice.GlobalBatchSize()) / scale;
+      STRATA_ASSIGN_OR_RETURN(double l, driver_.ForwardBackward(setup_.program(step, mb), x_, y_,
+                                                                setup_.micro_batch, normaliser, hooks));
+      sum += l / scale;
+    }
+    STRATA_ASSIGN_OR_RETURN(StepResult r, e_.Step());
+    STRATA_ASSIGN_OR_RETURN(*loss, zero::SumInRankOrder(world_, sum));
+    return r;
+  }
+
+ private:
+  Communicator& world_;
+  Engine& e_;
+  const ChainSetup& setup_;
+  ChainDriver driver_;
+  ExternalGradHooks external_;
+  std::vector<float> x_, y_;
+};
+
 // Trains `setup` with the engine on this rank's slices of the data (every rank calls it).
 inline ChainRun RunChainEngine(Communicator& world, const Config& config, const ChainSetup& setup) {
   ChainRun run;
@@ -127,27 +162,12 @@ inline ChainRun RunChainEngine(Communicator& world, const Config& config, const 
   if (e.model_backend() != Backend::kCpu) {
     return FailedRun(InternalError("the sim device must run the CPU kernels"));
   }
-  ChainDriver driver(setup.model);
-  ExternalGradHooks external(e, setup.model);
-  ModuleHooks& hooks = setup.external_grads ? static_cast<ModuleHooks&>(external) : e;
-  std::vector<float> x, y;
-  const int accum = config.gradient_accumulation_steps;
+  ChainStepper stepper(world, e, setup);
   auto train = [&]() -> Status {
     for (int step = 0; step < setup.steps; ++step) {
       if (setup.lr_at) STRATA_RETURN_IF_ERROR(e.SetLearningRate(setup.lr_at(step)));
       double loss = 0;
-      const double scale = e.loss_scale();
-      for (int mb = 0; mb < accum; ++mb) {
-        const model::BatchSlice slice{step, world.rank(), world.size(), mb, accum, setup.micro_batch};
-        FillChainBatch(setup.data_seed, slice.FirstSampleIndex(), setup.micro_batch, &x, &y);
-        STRATA_RETURN_IF_ERROR(e.BeginMicroBatch());
-        const double normaliser = static_cast<double>(slice.GlobalBatchSize()) / scale;
-        STRATA_ASSIGN_OR_RETURN(double l, driver.ForwardBackward(setup.program(step, mb), x, y,
-                                                                 setup.micro_batch, normaliser, hooks));
-        loss += l / scale;
-      }
-      STRATA_ASSIGN_OR_RETURN(StepResult r, e.Step());
-      STRATA_ASSIGN_OR_RETURN(loss, zero::SumInRankOrder(world, loss));
+      STRATA_ASSIGN_OR_RETURN(StepResult r, stepper.Step(config, step, &loss));
       run.losses.push_back(loss);
       run.grad_norms.push_back(r.grad_norm);
       run.clip_coefs.push_back(r.clip_coef);
