@@ -9,21 +9,12 @@
 
 #include "checkpoint_checks.h"
 #include "single_world.h"
+#include "tmp_on_disk.h"
 
 namespace strata::testing {
 namespace {
 
-// The NVMe combinations and the checkpoints need a file system with O_DIRECT, and a GPU
-// machine's /tmp may be tmpfs: then they go in the working directory (the build folder).
-const bool kOnDisk = [] {
-  constexpr long kTmpfsMagic = 0x01021994;
-  struct statfs fs;
-  if (std::getenv("TMPDIR") == nullptr && statfs("/tmp", &fs) == 0 &&
-      static_cast<long>(fs.f_type) == kTmpfsMagic) {
-    setenv("TMPDIR", std::filesystem::current_path().c_str(), 1);
-  }
-  return true;
-}();
+const bool kOnDisk = testing::MoveTmpOffTmpfs();
 
 TEST(EngineCheckpointGpu, EveryTierResumesBitExact) {
   const CudaProbe probe = ProbeCuda();

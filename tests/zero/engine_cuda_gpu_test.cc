@@ -22,6 +22,7 @@
 
 #include "engine_checks.h"
 #include "single_world.h"
+#include "tmp_on_disk.h"
 #if STRATA_HAVE_CUDA
 #include "model/cuda/matmul.h"
 #endif
@@ -35,18 +36,7 @@ namespace {
 
 constexpr double kCudaAtol = 1e-4, kCudaRtol = 1e-3, kCudaLossRtol = 1e-4;
 
-// The NVMe combinations need a file system with O_DIRECT, and a GPU machine's /tmp may
-// be tmpfs: then the swap folder (SwapDir, under TMPDIR) goes in the working directory
-// (ctest runs the test in the build folder).
-const bool kSwapOnDisk = [] {
-  constexpr long kTmpfsMagic = 0x01021994;
-  struct statfs fs;
-  if (std::getenv("TMPDIR") == nullptr && statfs("/tmp", &fs) == 0 &&
-      static_cast<long>(fs.f_type) == kTmpfsMagic) {
-    setenv("TMPDIR", std::filesystem::current_path().c_str(), 1);
-  }
-  return true;
-}();
+const bool kSwapOnDisk = testing::MoveTmpOffTmpfs();
 
 // The configuration on the GPU: strata.device "cuda" (the harness makes the device).
 Config CudaConfig(const Combo& c, const std::string& extra = "") {
