@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/dtype.h"
 #include "strata/status.h"
 
 namespace strata {
@@ -121,5 +122,21 @@ Result<CheckpointInfo> ReadCheckpointInfo(const std::string& dir);
 // range). Memory: two 4 MiB buffers.
 Status VerifyCheckpoint(const std::string& dir,
                         const std::function<void(const std::string& line)>& report = {});
+
+// Writes the checkpoint's weights (its fp32 master; each tensor of the layout once, so a
+// tensor shared by several modules is one) to `out_path` as a safetensors file: header
+// {"<tensor name>": {"dtype", "shape", "data_offsets"}, "__metadata__": {"format": "pt",
+// "source", "step_calls", "optimizer_steps", "meta"}}, data in layout order (chunk,
+// offset). dtype kF32 keeps the master's bits; kBf16 / kFp16 round to nearest even
+// (half.h; fp16 beyond its range becomes inf). Any world size and stage; no engine.
+// Memory: the master files stream through two 4 MiB buffers and a 2 MiB conversion
+// buffer, plus the header (about 100 bytes per tensor): never the model.
+// Each chunk's checksum (and each file's) is checked as it passes: Corruption naming the
+// file and chunk, NotFound for a missing file, as ReadCheckpointInfo for the manifest,
+// IoError naming `out_path` for the output. It is written to out_path + ".tmp", fsynced and
+// renamed: a failed export leaves no .tmp and `out_path` as it was. `report` (when set)
+// gets a line per master file read.
+Status ExportSafetensors(const std::string& dir, const std::string& out_path, DType dtype,
+                         const std::function<void(const std::string& line)>& report = {});
 
 }  // namespace strata

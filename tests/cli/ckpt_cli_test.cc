@@ -1,6 +1,7 @@
-// `strata ckpt info` and `strata ckpt verify` as a user meets them, on a checkpoint of
+// `strata ckpt info`, `verify` and `export` as a user meets them, on a checkpoint of
 // format version 1 written here byte by byte (include/strata/checkpoint.h): the summary,
-// a clean verify, and a flipped byte or a missing manifest named, with exit status 1.
+// a clean verify, an export a strict safetensors reader accepts, and a flipped byte or a
+// missing manifest named, with exit status 1.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -11,6 +12,7 @@
 
 #include "cli/cli_runner.h"
 #include "strata/checksum.h"
+#include "zero/safetensors_reader.h"
 
 namespace strata {
 namespace {
@@ -122,6 +124,41 @@ TEST_F(CkptCli, AMissingManifestOrFileIsNamed) {
   r = RunStrata({"ckpt", "info", ckpt});
   EXPECT_EQ(r.exit_status, 1) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("no manifest.json"));
+}
+
+TEST_F(CkptCli, ExportWritesSafetensorsAndRefusesACorruptChunk) {
+  const std::string ckpt = WriteCheckpoint();
+  const std::string out = (dir_ / "weights.safetensors").string();
+  CliRun r = RunStrata({"ckpt", "export", ckpt, "--out", out, "--dtype", "bf16"});
+  ASSERT_EQ(r.exit_status, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("master-r00000.bin: 2 chunks checked"));
+  EXPECT_THAT(r.out, HasSubstr(out + ": 2 tensors"));
+  auto file = testing::ReadSafetensors(out);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  ASSERT_EQ(file->tensors.size(), 2u);
+  // WriteCheckpoint's master: element i is 0.001 i; "w" is chunk 0's first 2000, "b"
+  // chunk 1's first 1000.
+  std::vector<float> w(2000), b(1000);
+  for (int i = 0; i < 2000; ++i) w[i] = 0.001f * static_cast<float>(i);
+  for (int i = 0; i < 1000; ++i) b[i] = 0.001f * static_cast<float>(2048 + i);
+  EXPECT_EQ(file->tensors["w"].shape, (std::vector<int64_t>{50, 40}));
+  EXPECT_EQ(file->tensors["w"].bytes, testing::Expected16(w, /*bf16=*/true));
+  EXPECT_EQ(file->tensors["b"].bytes, testing::Expected16(b, /*bf16=*/true));
+  EXPECT_EQ(file->metadata.value("step_calls", ""), "7");
+
+  r = RunStrata({"ckpt", "export", ckpt, "--out", out, "--dtype", "fp64"});
+  EXPECT_NE(r.exit_status, 0) << r.out << r.err;
+  {
+    std::fstream f(ckpt + "/master-r00000.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8192 + 17);
+    f.put('\x55');
+  }
+  std::filesystem::remove(out);
+  r = RunStrata({"ckpt", "export", ckpt, "--out", out});
+  EXPECT_EQ(r.exit_status, 1) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("master-r00000.bin: chunk 1 (bytes 8192 to 16384)"));
+  EXPECT_FALSE(std::filesystem::exists(out));
+  EXPECT_FALSE(std::filesystem::exists(out + ".tmp"));
 }
 
 }  // namespace
