@@ -107,30 +107,33 @@ Result<GptStepReport> GptTrainer::RunStep(int64_t step, bool flush) {
   return report;
 }
 
-Status GptTrainer::Evaluating(bool on) { return engine_.SetEvaluating(on); }
+Status GptTrainer::Evaluating(const std::function<Status(ModuleHooks& hooks)>& passes) {
+  STRATA_RETURN_IF_ERROR(engine_.SetEvaluating(true));
+  TimedHooks hooks(engine_, spec_.check_stop, no_before_backward_);
+  const Status status = passes(hooks);
+  const Status off = engine_.SetEvaluating(false);
+  return status.ok() ? off : status;
+}
 
 Result<double> GptTrainer::Evaluate() {
   if (!val_) return FailedPreconditionError("GptTrainer::Evaluate: no validation file");
   const int64_t b = spec_.micro_batch, t = spec_.seq, n = spec_.eval_batches;
   tokens_.resize(b * t);
   targets_.resize(b * t);
-  STRATA_RETURN_IF_ERROR(Evaluating(true));
-  TimedHooks hooks(engine_, spec_.check_stop, no_before_backward_);
   double loss = 0;
-  Status status;
-  for (int64_t i = 0; i < n && status.ok(); ++i) {
-    const model::BatchSlice slice{0, world_.rank(), world_.size(), static_cast<int>(i), static_cast<int>(n),
-                                  b};
-    model::FillBatch(*val_, spec_.data_seed + kValidationSeedOffset, slice, t, tokens_.data(),
-                     targets_.data());
-    auto l = gpt_.Forward(tokens_.data(), targets_.data(), b, t,
-                          static_cast<double>(slice.GlobalBatchSize() * t), hooks);
-    status = l.status();
-    if (l.ok()) loss += *l;
-  }
-  const Status off = Evaluating(false);
-  STRATA_RETURN_IF_ERROR(status);
-  STRATA_RETURN_IF_ERROR(off);
+  STRATA_RETURN_IF_ERROR(Evaluating([&](ModuleHooks& hooks) -> Status {
+    for (int64_t i = 0; i < n; ++i) {
+      const model::BatchSlice slice{0, world_.rank(), world_.size(), static_cast<int>(i), static_cast<int>(n),
+                                    b};
+      model::FillBatch(*val_, spec_.data_seed + kValidationSeedOffset, slice, t, tokens_.data(),
+                       targets_.data());
+      STRATA_ASSIGN_OR_RETURN(const double l,
+                              gpt_.Forward(tokens_.data(), targets_.data(), b, t,
+                                           static_cast<double>(slice.GlobalBatchSize() * t), hooks));
+      loss += l;
+    }
+    return OkStatus();
+  }));
   return SumInRankOrder(world_, loss);
 }
 
@@ -147,24 +150,18 @@ Result<std::vector<int32_t>> GptTrainer::Sample(const std::vector<int32_t>& prom
   std::vector<int32_t> text = prompt, out;
   uint64_t state = seed;
   const int64_t vocab = spec_.model.vocab_size;
-  STRATA_RETURN_IF_ERROR(Evaluating(true));
-  TimedHooks hooks(engine_, spec_.check_stop, no_before_backward_);
-  Status status;
-  while (static_cast<int64_t>(out.size()) < count) {
-    const int64_t len = std::min<int64_t>(static_cast<int64_t>(text.size()), spec_.model.block_size);
-    const std::vector<int32_t> context(text.end() - len, text.end()), zeros(len, 0);
-    auto l = gpt_.Forward(context.data(), zeros.data(), 1, len, static_cast<double>(len), hooks);
-    if (!l.ok()) {
-      status = l.status();
-      break;
+  STRATA_RETURN_IF_ERROR(Evaluating([&](ModuleHooks& hooks) -> Status {
+    while (static_cast<int64_t>(out.size()) < count) {
+      const int64_t len = std::min<int64_t>(static_cast<int64_t>(text.size()), spec_.model.block_size);
+      const std::vector<int32_t> context(text.end() - len, text.end()), zeros(len, 0);
+      STRATA_RETURN_IF_ERROR(
+          gpt_.Forward(context.data(), zeros.data(), 1, len, static_cast<double>(len), hooks).status());
+      const int32_t next = Draw(gpt_.logits() + (len - 1) * vocab, vocab, temperature, &state);
+      text.push_back(next);
+      out.push_back(next);
     }
-    const int32_t next = Draw(gpt_.logits() + (len - 1) * vocab, vocab, temperature, &state);
-    text.push_back(next);
-    out.push_back(next);
-  }
-  const Status off = Evaluating(false);
-  STRATA_RETURN_IF_ERROR(status);
-  STRATA_RETURN_IF_ERROR(off);
+    return OkStatus();
+  }));
   return out;
 }
 

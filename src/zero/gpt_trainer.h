@@ -70,7 +70,9 @@ class GptTrainer {
   const model::Gpt& model() const { return gpt_; }
 
  private:
-  Status Evaluating(bool on);
+  // Runs `passes` with the engine in evaluation mode (Engine::SetEvaluating), which is
+  // left again whatever they return; the first error.
+  Status Evaluating(const std::function<Status(ModuleHooks& hooks)>& passes);
 
   Engine& engine_;
   Communicator& world_;
