@@ -163,6 +163,9 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
   StartRun(world, job.config, guard);
   const model::TokenFile train = OpenTokens(job.train_path, "training");
   const model::TokenFile val = OpenTokens(job.val_path, "validation");
+  // A log that cannot be written is refused before the engine's set-up, which takes
+  // minutes for a large model (opened for append: a resumed run's log must survive).
+  if (rank0 && !job.run.log_path.empty()) JsonLog(job.run.log_path, /*append=*/true);
   const model::GptSpec spec = job.model;
   ParamInit init = [spec](TensorId t, int64_t b, int64_t n, float* out) {
     model::InitGptTensor(spec, t, b, n, out);

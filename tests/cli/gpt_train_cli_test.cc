@@ -228,6 +228,7 @@ TEST_F(GptTrainCli, RefusesFlagsOfTheOtherModelAndBadDataWithTheirNames) {
       {Tiny({"--seq", "32", "--block-size", "16"}, 1), "--block-size 16 is below --seq 32"},
       {Tiny({"--n-embd", "10", "--n-head", "4"}, 1), "--n-embd 10 is not a multiple of --n-head 4"},
       {Tiny({"--temperature", "0"}, 1), "--temperature must be above 0"},
+      {Tiny({"--log", (dir_ / "no-such-dir" / "log.jsonl").string()}, 1), "cannot be opened for writing"},
   };
   for (const Case& c : cases) {
     CliRun r = RunStrata(c.args);
