@@ -29,10 +29,10 @@ struct OffloadConfig {
   OffloadDevice device = OffloadDevice::kNone;
   std::vector<std::string> nvme_path;  // one path per NVMe device; blocks stripe across them
   bool pin_memory = true;
-  int buffer_count = 0;       // 0: derived by the engine (DeepSpeed's knob; accepted as an upper bound)
-  uint64_t buffer_size = 0;   // offload_param only; 0: derived
-  bool pipeline_read = true;  // offload_optimizer only
-  bool pipeline_write = true; // offload_optimizer only
+  int buffer_count = 0;        // 0: derived by the engine (DeepSpeed's knob; accepted as an upper bound)
+  uint64_t buffer_size = 0;    // offload_param only; 0: derived
+  bool pipeline_read = true;   // offload_optimizer only
+  bool pipeline_write = true;  // offload_optimizer only
 };
 
 struct ZeroConfig {
@@ -42,8 +42,8 @@ struct ZeroConfig {
   uint64_t reduce_bucket_size = 500'000'000;
   uint64_t allgather_bucket_size = 500'000'000;
   bool overlap_comm = true;
-  uint64_t stage3_prefetch_bucket_size = 0;   // parameters; 0: up to 3 modules ahead, device budget allowing
-  uint64_t stage3_max_live_parameters = 0;    // 0: bounded by the device budget only
+  uint64_t stage3_prefetch_bucket_size = 0;  // parameters; 0: up to 3 modules ahead, device budget allowing
+  uint64_t stage3_max_live_parameters = 0;   // 0: bounded by the device budget only
   uint64_t stage3_max_reuse_distance = 1'000'000'000;
   uint64_t stage3_param_persistence_threshold = 0;
   uint64_t sub_group_size = 1'000'000'000;
@@ -101,6 +101,10 @@ struct StrataConfig {
   // they never reach the disk then; else pinned host memory if the host budget holds
   // them; else NVMe). Other offload settings keep them beside the optimizer state.
   std::string gradients = "auto";
+  // The optimizer state on NVMe: the fraction of chunks whose master, m and v stay in
+  // pinned host memory instead (0-1), or -1 ("auto"): as many as the host budget holds
+  // beside the NVMe pipeline of the rest.
+  double optimizer_resident = -1;
   double collective_timeout_s = 300;
 };
 

@@ -157,6 +157,11 @@ struct EngineLayoutInfo {
   int64_t optimizer_piece_elems = 0;
   int optimizer_staging_sets = 0;    // pinned sets of one piece's state each
   int optimizer_padding_pieces = 0;  // this rank's pieces wholly in chunk padding: never moved
+  // Optimizer on NVMe: chunks whose master, m and v stay in pinned host memory instead
+  // (strata.optimizer_resident; by default as many as the host budget holds beside the
+  // NVMe pipeline), chosen as those the backward finishes last. Their step reads and
+  // writes no disk.
+  int optimizer_resident_chunks = 0;
   // Stage 3, fp32 compute, optimizer and parameters both on NVMe: a gather reads the
   // parameter shard from the master part of the optimizer state on disk, so there is no
   // parameter swap and each step writes 4 bytes per parameter less. False when

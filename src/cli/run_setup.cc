@@ -98,6 +98,17 @@ void PrintConfigSummary(const Config& c, const Origins& origin, const EngineLayo
               l.gradients_on_nvme                                       ? "nvme"
               : c.zero.offload_optimizer.device == OffloadDevice::kNone ? "device"
                                                                         : "host");
+  if (c.zero.offload_optimizer.device == OffloadDevice::kNvme) {
+    const std::string why = Origin(origin, "strata.optimizer_resident");
+    std::printf(
+        "  optimizer state in pinned host memory: %d of %d chunks (%s), the rest on NVMe; "
+        "strata.optimizer_resident %s%s\n",
+        l.optimizer_resident_chunks, l.num_chunks,
+        FormatBytes(12ull * l.optimizer_resident_chunks * l.shard_elems).c_str(),
+        c.strata.optimizer_resident < 0 ? "auto (what the host budget holds)"
+                                        : FormatDouble("%g", c.strata.optimizer_resident).c_str(),
+        why.c_str());
+  }
   std::printf("  batch: %d %s per rank per micro-batch%s x accumulation %d%s x %d rank%s = %d per step\n",
               c.train_micro_batch_size_per_gpu, batch_unit.c_str(),
               Origin(origin, "train_micro_batch_size_per_gpu").c_str(), c.gradient_accumulation_steps,

@@ -42,7 +42,8 @@ struct TrainFlags {
   std::optional<int64_t> micro_batch, accumulation, train_batch;
   int steps = 0;
   bool no_overlap = false, json = false, keep_swap = false;
-  int repeat = 1;  // bench step: whole rounds, medians reported
+  bool swap_bench = false;  // bench swap: the optimizer state swaps unless the config says
+  int repeat = 1;           // bench step: whole rounds, medians reported
   std::string trace;
 };
 
@@ -186,6 +187,11 @@ Result<Config> BuildConfig(const TrainFlags& f, std::map<std::string, std::strin
     (*origin)["optimizer.params.lr"] = "the config file";
   }
   if (f.no_overlap) s["overlap"] = false;
+  if (f.swap_bench && !s.contains("optimizer_resident") && z.contains("offload_optimizer") &&
+      z["offload_optimizer"].value("device", "") == "nvme") {
+    s["optimizer_resident"] = 0;
+    (*origin)["strata.optimizer_resident"] = "bench swap: 0 unless the config sets it (all on NVMe)";
+  }
   if (!f.trace.empty()) s["trace_file"] = f.trace;
   Apply(j, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu", f.micro_batch, "--micro-batch",
         origin);
@@ -410,6 +416,7 @@ void AddBenchSwapCommand(CLI::App& bench) {
   cmd->add_option("--repeat", f->repeat, "whole rounds (run, probe, overlap off, probe); medians reported")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
+  f->swap_bench = true;
   cmd->callback([f] { RunBench(*f, /*swap=*/true); });
 }
 

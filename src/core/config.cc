@@ -90,9 +90,10 @@ Status ReadZero(JsonReader& r, ZeroConfig* z) {
       r.Count("stage3_param_persistence_threshold", &z->stage3_param_persistence_threshold));
   STRATA_RETURN_IF_ERROR(r.Count("sub_group_size", &z->sub_group_size));
   if (z->sub_group_size == 0) {
-    return InvalidArgumentError(r.Path("sub_group_size") +
-                                ": must be at least 1 parameter (it bounds an NVMe optimizer piece; the default 1e9 "
-                                "leaves the size to strata)");
+    return InvalidArgumentError(
+        r.Path("sub_group_size") +
+        ": must be at least 1 parameter (it bounds an NVMe optimizer piece; the default 1e9 "
+        "leaves the size to strata)");
   }
   // DeepSpeed keys that strata accepts only in their harmless form.
   bool flag = true;
@@ -107,12 +108,13 @@ Status ReadZero(JsonReader& r, ZeroConfig* z) {
   if (!flag) {
     return InvalidArgumentError(r.Path("allgather_partitions") + ": false is not supported yet");
   }
-  for (const char* k : {"round_robin_gradients", "zero_hpz_partition_size", "zero_quantized_weights",
-                        "zero_quantized_gradients", "mics_shard_size", "elastic_checkpoint",
-                        "offload_optimizer_states", "cpu_offload", "stage3_gather_16bit_weights_on_model_save",
-                        "memory_efficient_linear", "ignore_unused_parameters", "load_from_fp32_weights",
-                        "use_multi_rank_bucket_allreduce", "prefetch_bucket_size", "param_persistence_threshold",
-                        "max_live_parameters", "max_reuse_distance", "module_granularity_threshold"}) {
+  for (const char* k :
+       {"round_robin_gradients", "zero_hpz_partition_size", "zero_quantized_weights",
+        "zero_quantized_gradients", "mics_shard_size", "elastic_checkpoint", "offload_optimizer_states",
+        "cpu_offload", "stage3_gather_16bit_weights_on_model_save", "memory_efficient_linear",
+        "ignore_unused_parameters", "load_from_fp32_weights", "use_multi_rank_bucket_allreduce",
+        "prefetch_bucket_size", "param_persistence_threshold", "max_live_parameters", "max_reuse_distance",
+        "module_granularity_threshold"}) {
     STRATA_RETURN_IF_ERROR(r.Unsupported(k, ""));
   }
   if (z->offload_param.device != OffloadDevice::kNone && z->stage != 3) {
@@ -206,6 +208,7 @@ Status ReadStrata(JsonReader& r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Bool("checksum", &s->checksum));
   STRATA_RETURN_IF_ERROR(r.Bool("overlap", &s->overlap));
   STRATA_RETURN_IF_ERROR(r.Enum("gradients", {"auto", "host", "nvme"}, &s->gradients));
+  STRATA_RETURN_IF_ERROR(r.DoubleOrAuto("optimizer_resident", 0, 1, &s->optimizer_resident));
   STRATA_RETURN_IF_ERROR(r.Double("collective_timeout_s", 0.001, 1e7, &s->collective_timeout_s));
   return r.Finish();
 }
@@ -227,20 +230,24 @@ Status ResolveBatchSizes(Config* c, int world_size, int default_micro_batch) {
     if (micro == 0 && accum == 0) accum = 1;
     if (micro == 0) {
       if (total % (accum * world) != 0) {
-        return InvalidArgumentError(values() + ": train_batch_size must be a multiple of accumulation x world size (" +
+        return InvalidArgumentError(values() +
+                                    ": train_batch_size must be a multiple of accumulation x world size (" +
                                     std::to_string(accum * world) + ")");
       }
       micro = total / (accum * world);
     } else if (accum == 0) {
       if (total % (micro * world) != 0) {
-        return InvalidArgumentError(values() + ": train_batch_size must be a multiple of micro batch x world size (" +
+        return InvalidArgumentError(values() +
+                                    ": train_batch_size must be a multiple of micro batch x world size (" +
                                     std::to_string(micro * world) + ")");
       }
       accum = total / (micro * world);
     }
     if (micro * accum * world != total) {
-      return InvalidArgumentError(values() + ": they must satisfy train_batch_size = micro batch x accumulation x "
-                                  "world size (" + std::to_string(micro * accum * world) +
+      return InvalidArgumentError(values() +
+                                  ": they must satisfy train_batch_size = micro batch x accumulation x "
+                                  "world size (" +
+                                  std::to_string(micro * accum * world) +
                                   "); set two of them and strata derives the third");
     }
   } else {
@@ -248,7 +255,8 @@ Status ResolveBatchSizes(Config* c, int world_size, int default_micro_batch) {
     if (accum == 0) accum = 1;
   }
   if (micro < 1 || micro > (1 << 24) || accum > (1 << 20)) {
-    return InvalidArgumentError(values() + ": the micro batch must be in [1, 16777216] and accumulation in [1, 1048576]");
+    return InvalidArgumentError(
+        values() + ": the micro batch must be in [1, 16777216] and accumulation in [1, 1048576]");
   }
   c->train_micro_batch_size_per_gpu = static_cast<int>(micro);
   c->gradient_accumulation_steps = static_cast<int>(accum);
@@ -265,22 +273,27 @@ Result<Config> ParseConfig(const nlohmann::json& doc) {
     if (sub.ok()) return fn(*sub);
     return sub.status();
   };
-  STRATA_RETURN_IF_ERROR(sub_or(r.ObjectOrEmpty("zero_optimization"), [&](JsonReader& s) { return ReadZero(s, &c.zero); }));
+  STRATA_RETURN_IF_ERROR(
+      sub_or(r.ObjectOrEmpty("zero_optimization"), [&](JsonReader& s) { return ReadZero(s, &c.zero); }));
   STRATA_RETURN_IF_ERROR(sub_or(r.ObjectOrEmpty("aio"), [&](JsonReader& s) { return ReadAio(s, &c.aio); }));
   STRATA_RETURN_IF_ERROR(sub_or(r.ObjectOrEmpty("bf16"), [&](JsonReader& s) -> Status {
     STRATA_RETURN_IF_ERROR(s.Bool("enabled", &c.bf16));
     STRATA_RETURN_IF_ERROR(s.Unsupported("immediate_grad_update", ""));
     return s.Finish();
   }));
-  STRATA_RETURN_IF_ERROR(sub_or(r.ObjectOrEmpty("fp16"), [&](JsonReader& s) { return ReadFp16(s, &c.fp16); }));
-  STRATA_RETURN_IF_ERROR(sub_or(r.ObjectOrEmpty("optimizer"), [&](JsonReader& s) { return ReadOptimizer(s, &c.optimizer); }));
-  STRATA_RETURN_IF_ERROR(sub_or(r.ObjectOrEmpty("strata"), [&](JsonReader& s) { return ReadStrata(s, &c.strata); }));
+  STRATA_RETURN_IF_ERROR(
+      sub_or(r.ObjectOrEmpty("fp16"), [&](JsonReader& s) { return ReadFp16(s, &c.fp16); }));
+  STRATA_RETURN_IF_ERROR(
+      sub_or(r.ObjectOrEmpty("optimizer"), [&](JsonReader& s) { return ReadOptimizer(s, &c.optimizer); }));
+  STRATA_RETURN_IF_ERROR(
+      sub_or(r.ObjectOrEmpty("strata"), [&](JsonReader& s) { return ReadStrata(s, &c.strata); }));
   STRATA_RETURN_IF_ERROR(r.Double("gradient_clipping", 0, 1e30, &c.gradient_clipping));
   int accum = 0;
   STRATA_RETURN_IF_ERROR(r.Int("gradient_accumulation_steps", 1, 1 << 20, &accum));
   c.gradient_accumulation_given = accum > 0;
   if (accum > 0) c.gradient_accumulation_steps = accum;
-  STRATA_RETURN_IF_ERROR(r.Int("train_micro_batch_size_per_gpu", 1, 1 << 24, &c.train_micro_batch_size_per_gpu));
+  STRATA_RETURN_IF_ERROR(
+      r.Int("train_micro_batch_size_per_gpu", 1, 1 << 24, &c.train_micro_batch_size_per_gpu));
   STRATA_RETURN_IF_ERROR(r.Int("train_batch_size", 1, 1 << 30, &c.train_batch_size));
   STRATA_RETURN_IF_ERROR(r.UInt64("seed", &c.seed));
   {
@@ -353,7 +366,8 @@ nlohmann::json ConfigToJson(const Config& c) {
   // The batch keys as given (before ResolveBatchSizes) or as resolved; unset ones are left
   // out, so the document parses back to the same config.
   if (c.gradient_accumulation_given) j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
-  if (c.train_micro_batch_size_per_gpu > 0) j["train_micro_batch_size_per_gpu"] = c.train_micro_batch_size_per_gpu;
+  if (c.train_micro_batch_size_per_gpu > 0)
+    j["train_micro_batch_size_per_gpu"] = c.train_micro_batch_size_per_gpu;
   if (c.train_batch_size > 0) j["train_batch_size"] = c.train_batch_size;
   j["seed"] = c.seed;
   j["optimizer"] = {{"type", c.optimizer.type == OptimizerType::kAdam ? "Adam" : "AdamW"},
@@ -379,6 +393,8 @@ nlohmann::json ConfigToJson(const Config& c) {
                  {"checksum", s.checksum},
                  {"overlap", s.overlap},
                  {"gradients", s.gradients},
+                 {"optimizer_resident",
+                  s.optimizer_resident < 0 ? nlohmann::json("auto") : nlohmann::json(s.optimizer_resident)},
                  {"collective_timeout_s", s.collective_timeout_s}};
   return j;
 }

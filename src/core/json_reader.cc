@@ -31,7 +31,8 @@ const nlohmann::json* JsonReader::Find(std::string_view key) {
   return &*it;
 }
 
-Status JsonReader::TypeError(std::string_view key, std::string_view expected, const nlohmann::json& got) const {
+Status JsonReader::TypeError(std::string_view key, std::string_view expected,
+                             const nlohmann::json& got) const {
   return InvalidArgumentError(Path(key) + ": expected " + std::string(expected) + ", got " + Brief(got));
 }
 
@@ -88,6 +89,18 @@ Status JsonReader::Double(std::string_view key, double lo, double hi, double* ou
   }
   *out = d;
   return OkStatus();
+}
+
+Status JsonReader::DoubleOrAuto(std::string_view key, double lo, double hi, double* out) {
+  const auto* v = Find(key);
+  if (v && v->is_string()) {
+    std::string word = "auto";
+    STRATA_RETURN_IF_ERROR(Enum(key, {"auto"}, &word));
+    *out = -1;
+    return OkStatus();
+  }
+  if (v && !v->is_number()) return TypeError(key, "a number or \"auto\"", *v);
+  return Double(key, lo, hi, out);
 }
 
 Status JsonReader::String(std::string_view key, std::string* out) {
@@ -155,7 +168,8 @@ Status JsonReader::StringOrList(std::string_view key, std::vector<std::string>* 
   if (!v->is_array()) return TypeError(key, "a path or a list of paths", *v);
   std::vector<std::string> paths;
   for (const auto& e : *v) {
-    if (!e.is_string() || e.get<std::string>().empty()) return TypeError(key, "a list of non-empty paths", *v);
+    if (!e.is_string() || e.get<std::string>().empty())
+      return TypeError(key, "a list of non-empty paths", *v);
     paths.push_back(e.get<std::string>());
   }
   *out = std::move(paths);

@@ -25,6 +25,8 @@ class JsonReader {
   Status Int(std::string_view key, int lo, int hi, int* out);
   Status UInt64(std::string_view key, uint64_t* out);
   Status Double(std::string_view key, double lo, double hi, double* out);
+  // A number in [lo, hi], or the string "auto", read as -1.
+  Status DoubleOrAuto(std::string_view key, double lo, double hi, double* out);
   Status String(std::string_view key, std::string* out);
   Status Enum(std::string_view key, std::initializer_list<std::string_view> allowed, std::string* out);
   // A number of bytes, or a string with a unit ("64MiB"); DeepSpeed writes 5e8.

@@ -25,7 +25,8 @@ std::string SwapDir(const Config& c) {
   return "";
 }
 
-Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const TrainSpec& spec, Timeline* timeline) {
+Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const TrainSpec& spec,
+                             Timeline* timeline) {
   STRATA_ASSIGN_OR_RETURN(ModelEngine setup, CreateMlpEngine(world, config, spec.model, timeline));
   Engine* engine = setup.engine.get();
   TrainSpec run_spec = spec;
@@ -45,8 +46,10 @@ Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const Tr
     run_spec.step_boundary = [&, first = 1, last = spec.steps](int step, bool end) {
       if (!disk_status.ok() || step != (end ? last : first)) return;
       Result<DiskCounters> c = disk->Read();
-      if (!c.ok()) disk_status = c.status();
-      else (end ? disk_to : disk_from) = *c;
+      if (!c.ok())
+        disk_status = c.status();
+      else
+        (end ? disk_to : disk_from) = *c;
     };
   } else {
     r.disk_unavailable = m.status().ToString();
@@ -129,11 +132,12 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
                 {"chunk_elems", main.layout.chunk_elems},
                 {"micro_batch", o.spec.micro_batch},
                 {"kept_chunks", main.layout.kept_chunks},
+                {"optimizer_resident_chunks", main.layout.optimizer_resident_chunks},
                 {"params_in_optimizer_state", main.layout.params_in_optimizer_state},
                 {"carried_chunks", main.layout.carried_chunks},
                 {"hidden", o.spec.model.hidden}};
-  j["budget_need"] = {{"device", main.layout.device_need}, {"host", main.layout.host_need},
-                      {"nvme", main.layout.nvme_need}};
+  j["budget_need"] = {
+      {"device", main.layout.device_need}, {"host", main.layout.host_need}, {"nvme", main.layout.nvme_need}};
   j["run"] = RunJson(main);
 
   const bool nvme = c.zero.offload_optimizer.device == OffloadDevice::kNvme ||
@@ -196,8 +200,9 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
     j["mixed_bound_beaten"] = model.bound_mixed_s > main.step_s;
   }
   std::string out;
-  out += "step: " + std::to_string(main.layout.num_params) + " params, stage " + std::to_string(c.zero.stage) +
-         ", optimizer on " + std::string(OffloadDeviceName(c.zero.offload_optimizer.device)) + ", params on " +
+  out += "step: " + std::to_string(main.layout.num_params) + " params, stage " +
+         std::to_string(c.zero.stage) + ", optimizer on " +
+         std::string(OffloadDeviceName(c.zero.offload_optimizer.device)) + ", params on " +
          std::string(OffloadDeviceName(c.zero.offload_param.device)) + ", overlap " +
          (c.strata.overlap ? "on" : "off") + ", world " + std::to_string(world.size()) + "\n";
   out += "  step time            " + FormatSeconds(main.step_s) + "\n";
@@ -228,13 +233,18 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
     }
     out += "\n";
   }
+  if (c.zero.offload_optimizer.device == OffloadDevice::kNvme) {
+    out += "  optimizer resident   " + std::to_string(main.layout.optimizer_resident_chunks) + " of " +
+           std::to_string(main.layout.num_chunks) + " chunks in pinned host memory, the rest on NVMe\n";
+  }
   if (main.layout.params_in_optimizer_state) {
     out += "  parameter shards     read from the optimizer state's master on NVMe (no parameter swap)\n";
   }
   if (o.measure_rates) {
     out += "  model: bound " + FormatSeconds(model.bound_s) + " (cpu lanes " + FormatSeconds(model.cpu_s) +
            ", nvme " + FormatSeconds(model.nvme_s) + "), serial " + FormatSeconds(model.serial_s) +
-           ", overlap efficiency (bound / measured) " + FormatDouble("%.2f", model.bound_s / main.step_s) + "\n";
+           ", overlap efficiency (bound / measured) " + FormatDouble("%.2f", model.bound_s / main.step_s) +
+           "\n";
     if (model.bound_s > main.step_s) {
       out += model.nvme_s >= model.cpu_s
                  ? "  the step beat the bound: the disk ran slower in the probes than in the step (a slow "
@@ -244,28 +254,32 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
     }
     if (model.bound_mixed_s > 0) {
       out += "  with the disk's reads and writes timed together at its mixed rate (" +
-             FormatDouble("%.2f", rates.nvme_mixed_bytes_per_s / 1e9) + " GB/s): bound " + FormatSeconds(model.bound_mixed_s) +
-             ", efficiency " + FormatDouble("%.2f", model.bound_mixed_s / main.step_s) +
+             FormatDouble("%.2f", rates.nvme_mixed_bytes_per_s / 1e9) + " GB/s): bound " +
+             FormatSeconds(model.bound_mixed_s) + ", efficiency " +
+             FormatDouble("%.2f", model.bound_mixed_s / main.step_s) +
              (model.bound_mixed_s > main.step_s ? " (not valid: the step beat this bound)" : "") + "\n";
     }
   }
   if (!main.disk_name.empty()) {
-    out += FormatDiskLine(main.disk_name, main.disk, main.steps, o.measure_rates ? rates.nvme_mixed_bytes_per_s : 0);
+    out += FormatDiskLine(main.disk_name, main.disk, main.steps,
+                          o.measure_rates ? rates.nvme_mixed_bytes_per_s : 0);
   } else if (nvme) {
     out += "  disk                 no counters: " + main.disk_unavailable + "\n";
   }
   if (off) {
     const double speedup = off->step_s / main.step_s;
     j["speedup"] = speedup;
-    out += "  overlap off: step " + FormatSeconds(off->step_s) + "; speedup " + FormatDouble("%.2f", speedup) + "x";
+    out += "  overlap off: step " + FormatSeconds(off->step_s) + "; speedup " +
+           FormatDouble("%.2f", speedup) + "x";
     if (o.measure_rates && model.bound_s > 0) {
       const double predicted = model.serial_s / model.bound_s;
       j["predicted_speedup"] = predicted;
       j["speedup_fraction_of_predicted"] = speedup / predicted;
-      out += " (model predicts " + FormatDouble("%.2f", predicted) + "x: " + FormatDouble("%.0f%%", 100 * speedup / predicted) +
-             " of it)";
+      out += " (model predicts " + FormatDouble("%.2f", predicted) +
+             "x: " + FormatDouble("%.0f%%", 100 * speedup / predicted) + " of it)";
     }
-    if (!off->disk_name.empty()) out += "; disk busy " + FormatDouble("%.0f%%", 100 * off->disk.busy_fraction);
+    if (!off->disk_name.empty())
+      out += "; disk busy " + FormatDouble("%.0f%%", 100 * off->disk.busy_fraction);
     out += "\n";
   }
   if (text) *text = out;
@@ -276,11 +290,13 @@ std::string FormatDiskLine(const std::string& name, const DiskActivity& d, int s
   const uint64_t n = std::max(steps, 1);
   // Values start in the report's column 23; a longer name pushes them on by one space.
   const size_t pad = name.size() < 16 ? 16 - name.size() : 1;
-  std::string out = "  disk " + name + std::string(pad, ' ') + "busy " + FormatDouble("%.0f%%", 100 * d.busy_fraction) +
-                    " of the measured steps, " + FormatDouble("%.1f", d.mean_in_flight) + " requests in flight on average, " +
-                    FormatDouble("%.2f", d.bytes_per_s() / 1e9) + " GB/s (" + FormatBytes(d.read_bytes / n) + " read, " +
-                    FormatBytes(d.write_bytes / n) + " written per step, by every process)";
-  if (mixed_rate > 0) out += "; " + FormatDouble("%.2f", d.bytes_per_s() / mixed_rate) + " of the probe's mixed rate";
+  std::string out = "  disk " + name + std::string(pad, ' ') + "busy " +
+                    FormatDouble("%.0f%%", 100 * d.busy_fraction) + " of the measured steps, " +
+                    FormatDouble("%.1f", d.mean_in_flight) + " requests in flight on average, " +
+                    FormatDouble("%.2f", d.bytes_per_s() / 1e9) + " GB/s (" + FormatBytes(d.read_bytes / n) +
+                    " read, " + FormatBytes(d.write_bytes / n) + " written per step, by every process)";
+  if (mixed_rate > 0)
+    out += "; " + FormatDouble("%.2f", d.bytes_per_s() / mixed_rate) + " of the probe's mixed rate";
   return out + "\n";
 }
 
@@ -291,7 +307,8 @@ nlohmann::json SummarizeRounds(const std::vector<nlohmann::json>& rounds, std::s
     const size_t n = v.size();
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
   };
-  const char* against_bound[] = {"overlap_efficiency", "overlap_efficiency_mixed", "speedup_fraction_of_predicted"};
+  const char* against_bound[] = {"overlap_efficiency", "overlap_efficiency_mixed",
+                                 "speedup_fraction_of_predicted"};
   std::map<std::string, std::vector<double>> figures;
   int invalid = 0;
   std::string out = "round  step      efficiency  mixed  speedup  of predicted\n";
@@ -309,7 +326,9 @@ nlohmann::json SummarizeRounds(const std::vector<nlohmann::json>& rounds, std::s
       const bool mixed = std::string(k) == "overlap_efficiency_mixed";
       if ((mixed ? mixed_valid : valid) && r.contains(k)) figures[k].push_back(r[k].get<double>());
     }
-    auto fig = [&](const char* k) { return r.contains(k) ? FormatDouble("%.2f", r[k].get<double>()) : std::string("-"); };
+    auto fig = [&](const char* k) {
+      return r.contains(k) ? FormatDouble("%.2f", r[k].get<double>()) : std::string("-");
+    };
     char line[160];
     std::snprintf(line, sizeof(line), "%5zu  %-8s  %-10s  %-5s  %-7s  %s%s\n", i + 1,
                   FormatSeconds(r["run"]["step_s"].get<double>()).c_str(), fig("overlap_efficiency").c_str(),
@@ -324,13 +343,15 @@ nlohmann::json SummarizeRounds(const std::vector<nlohmann::json>& rounds, std::s
     if (!v.empty()) med[k] = median(v);
   }
   out += "median step " + FormatSeconds(med.value("step_s", 0.0));
-  if (med.contains("overlap_efficiency")) out += ", efficiency " + FormatDouble("%.2f", med["overlap_efficiency"].get<double>());
+  if (med.contains("overlap_efficiency"))
+    out += ", efficiency " + FormatDouble("%.2f", med["overlap_efficiency"].get<double>());
   if (med.contains("overlap_efficiency_mixed")) {
     out += " (mixed " + FormatDouble("%.2f", med["overlap_efficiency_mixed"].get<double>()) + ")";
   }
   if (med.contains("speedup")) out += ", speedup " + FormatDouble("%.2f", med["speedup"].get<double>()) + "x";
   if (med.contains("speedup_fraction_of_predicted")) {
-    out += " (" + FormatDouble("%.0f%%", 100 * med["speedup_fraction_of_predicted"].get<double>()) + " of predicted)";
+    out += " (" + FormatDouble("%.0f%%", 100 * med["speedup_fraction_of_predicted"].get<double>()) +
+           " of predicted)";
   }
   if (med.contains("disk_busy_fraction")) {
     out += ", disk busy " + FormatDouble("%.0f%%", 100 * med["disk_busy_fraction"].get<double>());

@@ -5,6 +5,7 @@
 
 #include "zero/engine_impl.h"
 #include "zero/keep_plan.h"
+#include "zero/residency_plan.h"
 
 namespace strata {
 namespace {
@@ -13,10 +14,6 @@ namespace {
 // engine_gather.cc); the depth used is measured (prefetch_depth.h) within what the
 // budget and DeepSpeed's keys leave of it.
 constexpr uint64_t kMaxPrefetchModules = 8;
-
-// Staging sets beyond what four whole-chunk sets would hold buy nothing on one disk:
-// reads run ahead of the step by more than the disk can deliver in the meantime.
-constexpr uint64_t kStagingChunkSets = 4;
 
 }  // namespace
 
@@ -39,11 +36,20 @@ void Engine::Impl::PlanExtras(MemoryPlan& p) {
   }
   opt_staging_count = 0;
   if (opt_tier == ZeroTier::kNvme) {
-    // Read ahead, step and write behind need three sets; more deepen the pipeline, up to
-    // what kStagingChunkSets whole-chunk sets would hold.
-    const uint64_t cap = std::min<uint64_t>(kStagingChunkSets * pieces, n_chunks * pieces) - 1;
-    opt_staging_count = 1 + static_cast<int>(std::min<uint64_t>(cap, host_room() / opt_set_bytes));
-    host += (opt_staging_count - 1) * opt_set_bytes;
+    // Staging sets deepen the pipeline (read ahead, step, write behind); what a full
+    // pipeline leaves keeps chunks resident (residency_plan.h).
+    zero::ResidencyInputs in;
+    in.layout = &layout;
+    in.trace = &order->trace();
+    in.pieces = pieces;
+    in.set_bytes = opt_set_bytes;
+    in.chunk_bytes = zero::Align4K(12ull * opt_elems) + (grad_tier == ZeroTier::kNvme ? grad_slot_bytes : 0);
+    in.room = host_room();
+    in.fraction = config.strata.optimizer_resident;
+    zero::ResidencyPlan r = zero::PlanResidency(in);
+    opt_resident = std::move(r.resident);
+    opt_staging_count = r.staging_sets;
+    host += r.extra_bytes;
   }
   grad_host_count = 0;
   if (grad_tier == ZeroTier::kNvme) {

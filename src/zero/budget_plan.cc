@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "strata/host_arena.h"
 #include "strata/io.h"
@@ -13,6 +14,7 @@
 #include "zero/engine_impl.h"
 #include "zero/keep_plan.h"
 #include "zero/piece_plan.h"
+#include "zero/residency_plan.h"
 
 namespace strata {
 namespace {
@@ -133,6 +135,7 @@ void Engine::Impl::PlanHostNeed(MemoryPlan& p) {
                pieces > 1 ? "lower zero_optimization.sub_group_size (smaller NVMe optimizer pieces)" : "",
                pieces == 1));
   }
+  const int resident = PlanExplicitResidency(h);
   if (grad_tier != ZeroTier::kDevice) {
     h.Add(Part("the fp32 gradient receive buffer (one shard)", grad_slot_bytes, NeedScale::kChunk, "", true));
   }
@@ -159,6 +162,8 @@ void Engine::Impl::PlanHostNeed(MemoryPlan& p) {
       grad_tier = ZeroTier::kNvme;
       h.Add(Part("2 fp32 gradient shards on their way to NVMe", 2 * grad_slot_bytes, NeedScale::kChunk, "",
                  true));
+      h.Add(Part("the fp32 gradient shards of the " + Chunks(resident) + " kept in memory",
+                 resident * grad_slot_bytes, NeedScale::kModel, "lower strata.optimizer_resident", true));
     } else {
       h.Add(Part("the fp32 gradient shards", n_chunks * grad_slot_bytes, NeedScale::kModel,
                  want == "host" ? "strata.gradients \"nvme\"" : "", true));
@@ -169,6 +174,20 @@ void Engine::Impl::PlanHostNeed(MemoryPlan& p) {
     h.Add(Part("room for blocks stranded at the pinned arena's segment boundaries",
                Fragmentation(p.host_fixed), NeedScale::kOverhead));
   }
+}
+
+int Engine::Impl::PlanExplicitResidency(zero::TierNeed& h) {
+  if (opt_tier != ZeroTier::kNvme || config.strata.optimizer_resident < 0) return 0;
+  const int count = zero::ResidentCount(layout.num_chunks, config.strata.optimizer_resident);
+  opt_resident.assign(layout.num_chunks, 0);
+  const std::vector<int> order_of = zero::ResidencyOrder(layout, order->trace());
+  for (int i = 0; i < count; ++i) opt_resident[order_of[i]] = 1;
+  char fraction[32];
+  std::snprintf(fraction, sizeof(fraction), "%g", config.strata.optimizer_resident);
+  h.Add(Part("the optimizer state (fp32 master, m and v) of the " + Chunks(count) +
+                 " kept in memory (strata.optimizer_resident " + fraction + ")",
+             count * Align4K(12ull * opt_elems), NeedScale::kModel, "lower strata.optimizer_resident", true));
+  return count;
 }
 
 void Engine::Impl::PlanNvmeNeed(MemoryPlan& p) {

@@ -206,6 +206,11 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, ModelDecl m
         "\" chooses where gradients wait for an NVMe optimizer step; it needs "
         "zero_optimization.offload_optimizer.device \"nvme\" (leave it \"auto\" otherwise)");
   }
+  if (config.strata.optimizer_resident >= 0 && s.opt_tier != ZeroTier::kNvme) {
+    return InvalidArgumentError(
+        "strata.optimizer_resident: keeps part of an NVMe optimizer's state in pinned host memory; it "
+        "needs zero_optimization.offload_optimizer.device \"nvme\" (leave it \"auto\" otherwise)");
+  }
   if (s.stage == 0 && s.opt_tier != ZeroTier::kDevice) {
     return InvalidArgumentError(
         "zero_optimization.offload_optimizer.device: offload needs stage 1, 2 or 3 (DeepSpeed's rule); "
@@ -267,10 +272,12 @@ Status Engine::Impl::AllocateMemory() {
   info.optimizer_staging_sets = opt_staging_count;
   info.params_in_optimizer_state = param_from_master;
   info.optimizer_padding_pieces = static_cast<int>(std::count(piece_live.begin(), piece_live.end(), 0));
+  info.optimizer_resident_chunks = static_cast<int>(std::count(opt_resident.begin(), opt_resident.end(), 1));
   STRATA_LOG(kDebug, "engine") << "layout: " << l.num_params << " params in " << l.num_chunks << " chunks of "
                                << l.chunk_elems << " (shard " << l.shard_elems << "); device "
                                << FormatBytes(info.device_need) << ", host " << FormatBytes(info.host_need)
                                << ", nvme " << FormatBytes(info.nvme_need) << "; spares " << plan.spares
+                               << ", resident optimizer chunks " << info.optimizer_resident_chunks
                                << ", staging sets " << opt_staging_count << " of " << pieces
                                << " piece(s) per chunk"
                                << ", gather buffers " << gather_buffers << " (prefetch up to "
@@ -329,23 +336,25 @@ Status Engine::Impl::AllocateBuffers(const MemoryPlan& plan) {
 Status Engine::Impl::AllocateShards(const MemoryPlan& plan) {
   const uint64_t n_chunks = layout.num_chunks, opt_bytes = opt_elems * 4;
   opt.resize(n_chunks);
-  for (OptChunk& o : opt) {
+  for (int c = 0; c < static_cast<int>(n_chunks); ++c) {
+    OptChunk& o = opt[c];
     if (opt_tier == ZeroTier::kDevice) {
       STRATA_ASSIGN_OR_RETURN(void* st, DeviceAlloc(3 * opt_bytes, "optimizer state"));
       STRATA_ASSIGN_OR_RETURN(void* g, DeviceAlloc(opt_bytes, "gradient shards"));
       o.state = static_cast<float*>(st);
       o.grad = static_cast<float*>(g);
     } else {
-      if (opt_tier == ZeroTier::kHost) {
+      if (OptTierOf(c) == ZeroTier::kHost) {
         STRATA_ASSIGN_OR_RETURN(void* st, HostAlloc(3 * opt_bytes, "optimizer state"));
         o.state = static_cast<float*>(st);
       }
-      if (grad_tier == ZeroTier::kHost) {
+      if (GradTierOf(c) == ZeroTier::kHost) {
         STRATA_ASSIGN_OR_RETURN(void* g, HostAlloc(opt_bytes, "gradient shards"));
         o.grad = static_cast<float*>(g);
       }
     }
-    if (o.grad) STRATA_RETURN_IF_ERROR(OpsOn(grad_tier).Zero(zero::OpsLane::kTraining, o.grad, opt_bytes));
+    if (o.grad)
+      STRATA_RETURN_IF_ERROR(OpsOn(GradTierOf(c)).Zero(zero::OpsLane::kTraining, o.grad, opt_bytes));
   }
   for (int i = 0; i < plan.spares; ++i) {
     STRATA_ASSIGN_OR_RETURN(void* p, opt_tier == ZeroTier::kDevice
@@ -394,16 +403,18 @@ Status Engine::Impl::OpenNvmeStores() {
   Status reg = io->RegisterBuffers({&region, 1});
   if (!reg.ok()) STRATA_LOG(kWarn, "engine") << "I/O without fixed buffers: " << reg.ToString();
   const uint64_t n_chunks = layout.num_chunks;
-  if (opt_tier == ZeroTier::kNvme) {
+  const int on_disk = static_cast<int>(n_chunks) - info.optimizer_resident_chunks;
+  if (opt_tier == ZeroTier::kNvme && on_disk > 0) {
     NvmeStoreOptions so;
     so.paths = SwapPaths(config, config.zero.offload_optimizer);
     so.name = "strata-optim-r" + std::to_string(rank);
     so.slot_size = opt_set_bytes;
-    so.slot_count = 2 * n_chunks * pieces;
+    so.slot_count = 2 * on_disk * pieces;
     so.checksum = config.strata.checksum;
     STRATA_ASSIGN_OR_RETURN(opt_store, NvmeStore::Open(*io, so));
-    for (auto& o : opt) {
-      for (auto& version : o.slot) {
+    for (int c = 0; c < static_cast<int>(n_chunks); ++c) {
+      if (Resident(c)) continue;
+      for (auto& version : opt[c].slot) {
         version.resize(pieces);
         for (SlotId& slot : version) {
           STRATA_ASSIGN_OR_RETURN(slot, opt_store->Allocate());
@@ -448,7 +459,7 @@ Status Engine::Impl::InitParams(const ParamInit& init) {
     }
     // Optimizer state: master = the fp32 values of this rank's part, m = v = 0.
     OptChunk& o = opt[c];
-    if (opt_tier == ZeroTier::kNvme) {
+    if (OptTierOf(c) == ZeroTier::kNvme) {
       float* set = static_cast<float*>(opt_staging.Take());
       for (int p = 0; p < pieces; ++p) {
         if (!PieceLive(c, p)) continue;

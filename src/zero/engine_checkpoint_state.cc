@@ -5,7 +5,8 @@
 //  - NVMe: each piece's committed slot is read into the engine's own staging sets (two
 //    reads in flight when two sets are free) and split into the three files; a load
 //    assembles each piece from the three files in one staging set and writes it back to
-//    the chunk's committed slot. No chunk is ever whole in host memory.
+//    the chunk's committed slot. No chunk is ever whole in host memory. A chunk kept
+//    resident in pinned memory (partial residency) goes as on the host tier.
 // Why not copy_file_range from the swap: a slot holds one piece's master | m | v
 // together, striped over the swap paths, and its checksums live in the store's memory,
 // so the checkpoint's per-kind files cannot be cut out of it by the kernel; the bytes
@@ -22,7 +23,7 @@ using Writers = std::array<std::unique_ptr<FileWriter>, kStateKinds>;
 
 // A chunk's master | m | v in device or pinned host memory, kind by kind.
 Status SaveChunkFromMemory(Engine::Impl& s, int chunk, Writers& w) {
-  zero::DeviceOps& ops = s.OpsOn(s.opt_tier);
+  zero::DeviceOps& ops = s.OpsOn(s.OptTierOf(chunk));
   const uint64_t bytes = s.opt_elems * 4;
   for (int k = 0; k < kStateKinds; ++k) {
     const uint8_t* src = reinterpret_cast<const uint8_t*>(s.opt[chunk].state + k * s.opt_elems);
@@ -56,7 +57,11 @@ class NvmeSaver {
     for (int c = 0; c < s_.layout.num_chunks; ++c) STRATA_RETURN_IF_ERROR(s_.SettleCommit(c));
     for (int c = 0; c < s_.layout.num_chunks; ++c) {
       for (auto& writer : w_) writer->BeginSection();
-      for (int p = 0; p < s_.pieces; ++p) STRATA_RETURN_IF_ERROR(SavePiece(c, p));
+      if (s_.Resident(c)) {
+        STRATA_RETURN_IF_ERROR(SaveChunkFromMemory(s_, c, w_));
+      } else {
+        for (int p = 0; p < s_.pieces; ++p) STRATA_RETURN_IF_ERROR(SavePiece(c, p));
+      }
       for (int k = 0; k < kStateKinds; ++k) {
         STRATA_ASSIGN_OR_RETURN(uint64_t sum, w_[k]->EndSection());
         sums[k].push_back(sum);
@@ -79,7 +84,7 @@ class NvmeSaver {
     const int total = s_.layout.num_chunks * s_.pieces;
     while (!free_.empty() && next_ < total) {
       const int c = next_ / s_.pieces, p = next_ % s_.pieces;
-      if (s_.PieceLive(c, p)) {
+      if (s_.PieceLive(c, p) && !s_.Resident(c)) {
         const Engine::Impl::OptChunk& o = s_.opt[c];
         auto rd = s_.opt_store->Read(o.slot[o.current][p], free_.back(), s_.PieceBytes(p));
         if (!rd.ok())
@@ -120,7 +125,7 @@ class NvmeSaver {
 };
 
 Status RestoreChunkToMemory(Engine::Impl& s, int chunk, StateReaders& f) {
-  zero::DeviceOps& ops = s.OpsOn(s.opt_tier);
+  zero::DeviceOps& ops = s.OpsOn(s.OptTierOf(chunk));
   const uint64_t bytes = s.opt_elems * 4;
   for (int k = 0; k < kStateKinds; ++k) {
     uint8_t* dst = reinterpret_cast<uint8_t*>(s.opt[chunk].state + k * s.opt_elems);
@@ -224,7 +229,9 @@ Status RestoreState(Engine::Impl& s, StateReaders& f) {
   for (int c = 0; st.ok() && c < s.layout.num_chunks; ++c) {
     for (int k = 0; st.ok() && k < kStateKinds; ++k)
       st = f.reader[k]->BeginSection(c * chunk_bytes, s.opt_elems * 4);
-    if (st.ok()) st = set != nullptr ? RestoreChunkToNvme(s, c, f, set) : RestoreChunkToMemory(s, c, f);
+    if (st.ok())
+      st = s.OptTierOf(c) == ZeroTier::kNvme ? RestoreChunkToNvme(s, c, f, set)
+                                             : RestoreChunkToMemory(s, c, f);
     for (int k = 0; st.ok() && k < kStateKinds; ++k) {
       auto sum = f.reader[k]->EndSection();
       st = sum.ok() ? CheckChunkSum(*f.reader[k], *f.record[k], c, chunk_bytes, *sum) : sum.status();

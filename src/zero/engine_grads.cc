@@ -22,15 +22,19 @@
 namespace strata {
 
 Status Engine::Impl::OpenGradStore() {
+  // Resident chunks keep their shards in pinned memory.
+  const int on_disk = layout.num_chunks - info.optimizer_resident_chunks;
+  if (on_disk == 0) return OkStatus();
   NvmeStoreOptions so;
   so.paths = SwapPaths(config, config.zero.offload_optimizer);
   so.name = "strata-grad-r" + std::to_string(rank);
   so.slot_size = grad_slot_bytes;
-  so.slot_count = layout.num_chunks;
+  so.slot_count = on_disk;
   so.checksum = config.strata.checksum;
   STRATA_ASSIGN_OR_RETURN(grad_store, NvmeStore::Open(*io, so));
-  for (auto& chunk : opt) {
-    STRATA_ASSIGN_OR_RETURN(chunk.grad_slot, grad_store->Allocate());
+  for (int c = 0; c < layout.num_chunks; ++c) {
+    if (Resident(c)) continue;
+    STRATA_ASSIGN_OR_RETURN(opt[c].grad_slot, grad_store->Allocate());
   }
   return OkStatus();
 }

@@ -99,6 +99,17 @@ struct Engine::Impl {
   ZeroTier opt_tier = ZeroTier::kDevice;    // master, m, v
   ZeroTier grad_tier = ZeroTier::kDevice;   // the fp32 gradient shard (nvme: engine_grads.cc)
   ZeroTier param_tier = ZeroTier::kDevice;  // stage 3: the 16-bit shard between uses
+  // opt_tier nvme: by chunk, whether its master | m | v stay in pinned host memory
+  // instead (partial residency, residency_plan.h); empty when none does. A resident
+  // chunk is stepped, saved and restored as on the host tier, and its gradient shard
+  // waits in pinned memory.
+  std::vector<uint8_t> opt_resident;
+  bool Resident(int chunk) const { return !opt_resident.empty() && opt_resident[chunk]; }
+  ZeroTier OptTierOf(int chunk) const { return Resident(chunk) ? ZeroTier::kHost : opt_tier; }
+  ZeroTier GradTierOf(int chunk) const { return Resident(chunk) ? ZeroTier::kHost : grad_tier; }
+  // Stage 3 with params_from_master: a resident chunk's gathers copy its shard from the
+  // master in memory, which is then always its fresh copy (SetFresh).
+  void* ResidentShard(int chunk) { return param_from_master && Resident(chunk) ? opt[chunk].state : nullptr; }
   DType compute = DType::kF32;
   size_t csize = 4;        // bytes per compute element
   int64_t opt_elems = 0;   // elements of a chunk this rank steps
@@ -285,10 +296,11 @@ struct Engine::Impl {
   int shards_from_memory = 0;       // this step's (StepResult); training thread
   void* BorrowFresh(int chunk);     // nullptr when none; else ReturnFresh it after the copy
   void ReturnFresh(void* buf);
-  void SetFresh(int chunk, void* buf);  // nullptr forgets the chunk's
-  void ForgetFreshBuffer(void* buf);    // before buf is overwritten; waits for copies from it
-  uint64_t opt_set_bytes = 0;           // master | m | v of one piece: a staging set, one NVMe slot
-  uint64_t grad_slot_bytes = 0;         // one gradient shard, 4 KiB aligned
+  // nullptr forgets the chunk's (a resident chunk's master takes its place)
+  void SetFresh(int chunk, void* buf);
+  void ForgetFreshBuffer(void* buf);  // before buf is overwritten; waits for copies from it
+  uint64_t opt_set_bytes = 0;         // master | m | v of one piece: a staging set, one NVMe slot
+  uint64_t grad_slot_bytes = 0;       // one gradient shard, 4 KiB aligned
   int opt_staging_count = 0;
 
   // Stage 3 gathered chunks on the device.
@@ -399,6 +411,9 @@ struct Engine::Impl {
   void PlanPieces();
   void PlanDeviceNeed(MemoryPlan& plan);
   void PlanHostNeed(MemoryPlan& plan);  // also decides where NVMe-optimizer gradients wait
+  // strata.optimizer_resident set: marks its chunks resident and adds their state to the
+  // host need `h`; the count (0 when unset).
+  int PlanExplicitResidency(zero::TierNeed& h);
   void PlanNvmeNeed(MemoryPlan& plan);
   // Pinned bytes that the arena's 1 GiB segments may strand when holding `bytes`.
   uint64_t Fragmentation(uint64_t bytes) const;

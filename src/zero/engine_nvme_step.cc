@@ -123,6 +123,8 @@ void Engine::Impl::ReturnFresh(void* buf) {
 }
 
 void Engine::Impl::SetFresh(int chunk, void* buf) {
+  // A resident chunk's master in memory is its shard whenever no newer copy is.
+  if (buf == nullptr) buf = ResidentShard(chunk);
   std::lock_guard lock(fresh_mu);
   if (!fresh_shard.empty()) fresh_shard[chunk] = buf;
 }
@@ -235,7 +237,7 @@ Status Engine::Impl::ReadAhead(int chunk, int first_piece, int next_chunk, bool 
   const int limit = std::max(opt_staging_count - 2, std::min(opt_staging_count - 1, 1));
   int in_flight = static_cast<int>(nvme_reads.size());
   auto issue = [&](int c, int p) -> Result<bool> {
-    if (!PieceLive(c, p) || nvme_reads.count(PieceKey(c, p))) return true;
+    if (Resident(c) || !PieceLive(c, p) || nvme_reads.count(PieceKey(c, p))) return true;
     if (in_flight >= limit) return false;
     void* free_set = opt_staging.TryTake();  // never wait for a write here
     if (free_set == nullptr) return false;

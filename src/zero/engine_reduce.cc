@@ -135,16 +135,17 @@ Status Engine::Impl::ReduceChunk(int chunk, float* grad, bool first_in_window, b
   }
   comm_busy_ns += NowNs() - t0;
   Span(track_comm, "reduce chunk " + std::to_string(chunk), span_start, chunk_elems * 4);
-  if (st.ok() && grad_tier == ZeroTier::kNvme) {
+  const ZeroTier tier = GradTierOf(chunk);
+  if (st.ok() && tier == ZeroTier::kNvme) {
     st = AccumulateGradOnNvme(chunk, part, first_in_window, last_micro_batch);  // speculates itself
     grad_pool.Give(grad);
     return st.WithContext("reducing the gradients of chunk " + std::to_string(chunk));
   }
-  if (st.ok() && grad_tier == ZeroTier::kHost) {
+  if (st.ok() && tier == ZeroTier::kHost) {
     st = CopyToHost(host_recv, part, opt_elems * 4);
     part = host_recv;
   }
-  if (st.ok()) st = OpsOn(grad_tier).Accumulate(zero::OpsLane::kReduce, opt[chunk].grad, part, opt_elems);
+  if (st.ok()) st = OpsOn(tier).Accumulate(zero::OpsLane::kReduce, opt[chunk].grad, part, opt_elems);
   grad_pool.Give(grad);
   if (!st.ok()) return st.WithContext("reducing the gradients of chunk " + std::to_string(chunk));
   if (last_micro_batch) MaybeSpeculate(chunk);

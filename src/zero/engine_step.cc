@@ -54,7 +54,8 @@ Status Engine::Impl::PublishParams(int chunk, const void* src, bool from_host) {
 
 Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, int next_chunk,
                                const float* grad, bool publish, bool* updated) {
-  if (opt_tier == ZeroTier::kNvme) return StepChunkNvme(chunk, grad_scale, speculative, next_chunk, grad);
+  if (OptTierOf(chunk) == ZeroTier::kNvme)
+    return StepChunkNvme(chunk, grad_scale, speculative, next_chunk, grad);
   OptChunk& o = opt[chunk];
   if (grad == nullptr) grad = o.grad;
   float* st = o.state;
@@ -67,7 +68,7 @@ Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, in
   int64_t t0 = NowNs();
   const auto span_start = std::chrono::steady_clock::now();
   if (speculative) {
-    Status c = OpsOn(opt_tier).Copy(zero::OpsLane::kOptimizer, st, o.state, 3 * opt_elems * 4);
+    Status c = OpsOn(OptTierOf(chunk)).Copy(zero::OpsLane::kOptimizer, st, o.state, 3 * opt_elems * 4);
     if (!c.ok()) {
       std::lock_guard lock(spare_mu);
       spare_states.push_back(st);
@@ -109,7 +110,9 @@ Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, in
 
 // Runs on comm_worker once the chunk's gradient shard is final.
 void Engine::Impl::MaybeSpeculate(int chunk, const float* grad, std::function<Status()> done) {
-  if (!overlap) return;
+  // A resident chunk of the NVMe optimizer has no spare state to step into (the room
+  // went to residency): it steps in place in Step(), one pass over memory.
+  if (!overlap || (opt_tier == ZeroTier::kNvme && Resident(chunk))) return;
   const float scale = scaler->grad_scale();
   opt[chunk].spec_done = opt_worker.Submit([this, chunk, scale, grad, done] {
     Status s = [&]() -> Status {
@@ -117,7 +120,7 @@ void Engine::Impl::MaybeSpeculate(int chunk, const float* grad, std::function<St
         const auto check_start = std::chrono::steady_clock::now();
         const GradShard shard{GradView{opt[chunk].grad, DType::kF32}, static_cast<size_t>(opt_elems)};
         auto stats =
-            OpsOn(grad_tier).ComputeStats(zero::OpsLane::kOptimizer, {&shard, 1}, &speculation_arena);
+            OpsOn(GradTierOf(chunk)).ComputeStats(zero::OpsLane::kOptimizer, {&shard, 1}, &speculation_arena);
         Span(track_optimizer, "grad check (speculative) chunk " + std::to_string(chunk), check_start);
         if (!stats.ok()) return stats.status();
         if (stats->has_inf_nan) return OkStatus();  // this step will be skipped anyway
@@ -136,7 +139,7 @@ void Engine::Impl::MaybeSpeculate(int chunk, const float* grad, std::function<St
 Status Engine::Impl::CommitChunk(int chunk) {
   OptChunk& o = opt[chunk];
   if (!o.has_pending) return OkStatus();
-  if (opt_tier == ZeroTier::kNvme) {
+  if (OptTierOf(chunk) == ZeroTier::kNvme) {
     o.commit_deferred = true;  // current once its writes are on disk (SettleCommit)
     o.commit_epoch = step_epoch;
     SyncParamSource(chunk);
@@ -155,7 +158,7 @@ Status Engine::Impl::CommitChunk(int chunk) {
 Status Engine::Impl::DiscardChunk(int chunk) {
   OptChunk& o = opt[chunk];
   if (!o.has_pending) return OkStatus();
-  if (opt_tier != ZeroTier::kNvme) {
+  if (OptTierOf(chunk) != ZeroTier::kNvme) {
     std::lock_guard lock(spare_mu);
     spare_states.push_back(o.pending);
   }
@@ -174,13 +177,13 @@ Status Engine::Impl::RestoreParams(int chunk) {
   }
   OptChunk& o = opt[chunk];
   std::vector<float> master(opt_elems);
-  if (opt_tier == ZeroTier::kNvme) {
+  if (OptTierOf(chunk) == ZeroTier::kNvme) {
     STRATA_RETURN_IF_ERROR(WaitNvmeWrites());
     STRATA_RETURN_IF_ERROR(DropNvmeReads());
     STRATA_RETURN_IF_ERROR(ReadMaster(chunk, master.data()));
   } else {
     STRATA_RETURN_IF_ERROR(
-        OpsOn(opt_tier).ReadToHost(zero::OpsLane::kTraining, master.data(), o.state, opt_elems * 4));
+        OpsOn(OptTierOf(chunk)).ReadToHost(zero::OpsLane::kTraining, master.data(), o.state, opt_elems * 4));
   }
   bool on_host;
   void* out = Out16Target(chunk, &on_host);
@@ -234,15 +237,21 @@ Status Engine::Impl::ReadMaster(int chunk, float* master) {
 }
 
 Result<GradStats> Engine::Impl::LocalGradStats() {
-  if (grad_tier == ZeroTier::kNvme) {
-    GradStats all;  // taken per shard before it went to disk
-    for (const auto& o : opt) all.Merge(o.grad_stats);
-    return all;
-  }
+  GradStats all;
   std::vector<GradShard> shards;
-  for (const auto& o : opt)
-    shards.push_back(GradShard{GradView{o.grad, DType::kF32}, static_cast<size_t>(opt_elems)});
-  return OpsOn(grad_tier).ComputeStats(zero::OpsLane::kTraining, shards);
+  for (int c = 0; c < layout.num_chunks; ++c) {
+    if (GradTierOf(c) == ZeroTier::kNvme) {
+      all.Merge(opt[c].grad_stats);  // taken before the shard went to disk
+    } else {
+      shards.push_back(GradShard{GradView{opt[c].grad, DType::kF32}, static_cast<size_t>(opt_elems)});
+    }
+  }
+  if (shards.empty()) return all;
+  // The shards in memory share one tier: grad_tier's, or the host for resident chunks.
+  const ZeroTier tier = grad_tier == ZeroTier::kNvme ? ZeroTier::kHost : grad_tier;
+  STRATA_ASSIGN_OR_RETURN(GradStats held, OpsOn(tier).ComputeStats(zero::OpsLane::kTraining, shards));
+  all.Merge(held);
+  return all;
 }
 
 Status Engine::Impl::AllGatherParams() {
@@ -363,7 +372,7 @@ Status Engine::GatherMaster(TensorId tensor, std::vector<float>* out) {
   std::vector<float> full(s.layout.chunk_elems, 0.0f);
   if (s.stage > 0 || s.rank == 0) {
     Impl::OptChunk& o = s.opt[t.chunk];
-    if (s.opt_tier == ZeroTier::kNvme) {
+    if (s.OptTierOf(t.chunk) == ZeroTier::kNvme) {
       // The optimizer worker owns the staging pool and the writes during a micro-batch.
       // A reduction that failed leaves the window without its gradients, as in a hook.
       STRATA_RETURN_IF_ERROR(s.FailHook(s.WaitReduces(), "GatherMaster", tensor));
@@ -372,7 +381,7 @@ Status Engine::GatherMaster(TensorId tensor, std::vector<float>* out) {
       STRATA_RETURN_IF_ERROR(s.ReadMaster(t.chunk, full.data() + s.opt_offset));
     } else {
       STRATA_RETURN_IF_ERROR(
-          s.OpsOn(s.opt_tier)
+          s.OpsOn(s.OptTierOf(t.chunk))
               .ReadToHost(zero::OpsLane::kTraining, full.data() + s.opt_offset, o.state, s.opt_elems * 4));
     }
   }

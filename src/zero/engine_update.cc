@@ -131,11 +131,12 @@ Status Engine::Impl::EndWindow(bool overflow) {
     if (!dropped.ok()) STRATA_LOG(kWarn, "engine") << "unused optimizer state read: " << dropped.ToString();
   }
   std::fill(reduced_in_window.begin(), reduced_in_window.end(), 0);
-  for (auto& o : opt) {
+  for (int c = 0; c < layout.num_chunks; ++c) {
+    OptChunk& o = opt[c];
     o.speculated = false;
     // nvme: the next first reduction overwrites.
     if (o.grad)
-      STRATA_RETURN_IF_ERROR(OpsOn(grad_tier).Zero(zero::OpsLane::kTraining, o.grad, opt_elems * 4));
+      STRATA_RETURN_IF_ERROR(OpsOn(GradTierOf(c)).Zero(zero::OpsLane::kTraining, o.grad, opt_elems * 4));
   }
   STRATA_RETURN_IF_ERROR(scaler->Update(overflow));
   micro_batch = 0;

@@ -97,8 +97,12 @@ TEST_F(GptTrainCli, PrintsStepsValidationAndSampleAndLogsEachLine) {
   }
   EXPECT_EQ(train_steps, (std::vector<int>{1, 2, 3}));
   EXPECT_EQ(val_steps, (std::vector<int>{0, 2, 3}));
-  EXPECT_EQ(std::distance(fs::directory_iterator(swap_), fs::directory_iterator()), 0)
-      << "swap files removed";
+  // The optimizer state is resident (the default host budget holds it), so there may
+  // have been no swap at all; any that was is gone.
+  if (fs::exists(swap_)) {
+    EXPECT_EQ(std::distance(fs::directory_iterator(swap_), fs::directory_iterator()), 0)
+        << "swap files removed";
+  }
 }
 
 TEST_F(GptTrainCli, ValidationLossFallsAndARunRepeatsBitForBit) {

@@ -35,9 +35,18 @@ class TrainCli : public testing::ScratchDirTest {
     std::ofstream(path) << text;
     return path;
   }
+  // Small()'s configuration with the optimizer state all on NVMe (by default the host
+  // budget holds it all), for the tests of what happens to swap files.
+  std::vector<std::string> OnDisk(std::vector<std::string> extra = {}) {
+    extra.insert(extra.begin(), {"--config", WriteConfig(R"({"zero_optimization": {"stage": 3,
+        "offload_optimizer": {"device": "nvme"}, "offload_param": {"device": "nvme"}},
+        "strata": {"optimizer_resident": 0}})")});
+    return extra;
+  }
   // A small stage-3 NVMe run: a few chunks, well under a second per step.
   std::vector<std::string> Small(std::vector<std::string> extra, int steps = 2) {
-    std::vector<std::string> a{"train", "--model", "mlp", "--depth", "2", "--chunk-size", "4MiB", "--nvme-path", swap_};
+    std::vector<std::string> a{"train",        "--model", "mlp",         "--depth", "2",
+                               "--chunk-size", "4MiB",    "--nvme-path", swap_};
     if (std::find(extra.begin(), extra.end(), "--params") == extra.end())
       a.insert(a.end(), {"--params", "2M"});
     if (std::find(extra.begin(), extra.end(), "--steps") == extra.end()) {
@@ -104,8 +113,8 @@ TEST_F(TrainCli, FlagsOverrideOnlyWhenGiven) {
       WriteConfig(R"({"strata": {"device": "sim", "chunk_size": "8MiB", "host_budget": "3GiB"},
     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
                   other + R"("}}})");
-  nlohmann::json j =
-      Json(RunStrata({"train", "--model", "mlp", "--params", "2M", "--depth", "2", "--steps", "1", "--config", cfg, "--json"}));
+  nlohmann::json j = Json(RunStrata({"train", "--model", "mlp", "--params", "2M", "--depth", "2", "--steps",
+                                     "1", "--config", cfg, "--json"}));
   EXPECT_EQ(j["config"]["strata"]["chunk_size"], 8u << 20);
   EXPECT_EQ(j["config"]["strata"]["host_budget"], 3ull << 30);
   EXPECT_EQ(j["config"]["zero_optimization"]["offload_optimizer"]["nvme_path"][0], other);
@@ -191,14 +200,14 @@ TEST_F(TrainCli, BenchSwapMeasuresTheEnginesNvmeSwap) {
 
 TEST_F(TrainCli, InterruptRemovesSwapFilesAndExitsConventionally) {
   for (int sig : {SIGINT, SIGTERM}) {
-    CliRun r = RunStrata(Small({}, 100000), "step     2/", sig);
+    CliRun r = RunStrata(Small(OnDisk(), 100000), "step     2/", sig);
     ExpectCleanInterrupt(r, sig, SwapEntries());
     EXPECT_NE(r.out.find("step     2/"), std::string::npos) << "the steps that ended were shown";
   }
 }
 
 TEST_F(TrainCli, KeepSwapKeepsAndNamesTheFiles) {
-  CliRun r = RunStrata(Small({"--keep-swap"}, 100000), "step     2/", SIGINT);
+  CliRun r = RunStrata(Small(OnDisk({"--keep-swap"}), 100000), "step     2/", SIGINT);
   EXPECT_EQ(r.exit_status, 130) << r.err;
   EXPECT_NE(r.err.find("kept its swap files"), std::string::npos) << r.err;
   const size_t rm = r.err.find("delete them with: rm -f ");
@@ -238,7 +247,7 @@ TEST_F(TrainCli, APeerKilledUnderMpirunIsNamed) {
   std::vector<std::string> args{"--oversubscribe", "--bind-to", "none", "-np", "2"};
   if (::geteuid() == 0) args.insert(args.begin(), "--allow-run-as-root");
   args.push_back(STRATA_BINARY);
-  for (const std::string& a : Small({}, 100000)) args.push_back(a);
+  for (const std::string& a : Small(OnDisk(), 100000)) args.push_back(a);
   int victim = 0;
   CliRun r = testing::RunProgram("mpirun", args, "step     2/", [&](pid_t) {
     std::ifstream(swap_ + "/strata-optim-r1.lock") >> victim;

@@ -48,6 +48,11 @@ inline void CheckAllCombos(Communicator& world) {
     EngineRun run = RunEngine(world, MakeConfig(c), spec);
     ExpectMatchesReference(run, *ref, 1e-5, kAtol, kRtol,
                            ComboName(c) + " world " + std::to_string(world.size()));
+    if (c.resident > 0 && run.status.ok()) {
+      // Some chunks on each side, or the partial path was not what ran.
+      EXPECT_GT(run.resident_chunks, 0) << ComboName(c);
+      EXPECT_LT(run.resident_chunks, run.num_chunks) << ComboName(c);
+    }
     if (run.status.ok()) {
       EXPECT_TRUE(LossWentDown(run.log.losses)) << ComboName(c) << ": loss did not go down";
     }

@@ -45,7 +45,8 @@ Config CudaConfig(const Combo& c, const std::string& extra = "") {
   return MakeConfig(c, e.dump());
 }
 
-// Every stage x offload_optimizer x offload_param DeepSpeed allows (gradients "auto").
+// Every stage x offload_optimizer x offload_param DeepSpeed allows (gradients "auto"),
+// and half the NVMe optimizer's state resident in pinned memory.
 std::vector<Combo> BaseCombos() {
   std::vector<Combo> out;
   for (const Combo& c : AllCombos()) {
@@ -87,7 +88,7 @@ TEST_P(EngineCudaTest, MatchesTheReference) {
 INSTANTIATE_TEST_SUITE_P(EveryStageAndOffload, EngineCudaTest, ::testing::ValuesIn(BaseCombos()),
                          [](const ::testing::TestParamInfo<Combo>& info) {
                            return "stage" + std::to_string(info.param.stage) + "_opt_" + info.param.opt +
-                                  "_param_" + info.param.param;
+                                  "_param_" + info.param.param + (info.param.resident != 0 ? "_partial" : "");
                          });
 
 // The 16-bit combinations: the optimizer on the device writing the compute copy in

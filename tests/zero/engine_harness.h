@@ -28,6 +28,9 @@ struct Combo {
   // zero_optimization.sub_group_size (0: the default). Small values make the NVMe
   // optimizer step each chunk in several pieces, as large chunks are in real runs.
   int sub_group = 0;
+  // strata.optimizer_resident (nvme optimizer only): the fraction of chunks kept in
+  // memory; -1 for "auto". 0 by default, so that the NVMe path is what these runs test.
+  double resident = 0;
 };
 
 // A sub_group_size that cuts SmallSpec's chunk shards into pieces of 1024 elements, several
@@ -37,6 +40,17 @@ inline constexpr int kPiecedSubGroup = 1024;
 // Pieces of at most 1000 elements: too small to start on a 4 KiB boundary of the shard, so
 // the parameter shard keeps a swap of its own.
 inline constexpr int kSmallPieceSubGroup = 1000;
+
+// Half the NVMe optimizer's chunks kept in pinned memory, the rest on disk, with each
+// parameter tier and gradient path, whole and pieced (with fp32 compute and both on
+// NVMe the resident chunks' gathers copy their master from memory).
+inline std::vector<Combo> PartialResidencyCombos() {
+  return {{3, "nvme", "nvme", "auto", 0, 0.5},
+          {3, "nvme", "none", "nvme", 0, 0.5},
+          {3, "nvme", "cpu", "host", 0, 0.5},
+          {3, "nvme", "nvme", "nvme", kPiecedSubGroup, 0.5},
+          {3, "nvme", "nvme", "host", kPiecedSubGroup, 0.5}};
+}
 
 // Every combination DeepSpeed allows: offload needs stage >= 1, NVMe optimizer offload
 // and parameter offload need stage 3.
@@ -54,13 +68,16 @@ inline std::vector<Combo> AllCombos() {
   for (const char* g : {"auto", "nvme", "host"}) c.push_back({3, "nvme", "nvme", g, kPiecedSubGroup});
   c.push_back({3, "nvme", "cpu", "auto", kPiecedSubGroup});
   c.push_back({3, "nvme", "nvme", "auto", kSmallPieceSubGroup});
+  for (const Combo& r : PartialResidencyCombos()) c.push_back(r);
   return c;
 }
 
 inline std::string ComboName(const Combo& c) {
   return "stage" + std::to_string(c.stage) + "/opt=" + c.opt + "/param=" + c.param +
          (std::string(c.grads) == "auto" ? "" : std::string("/grads=") + c.grads) +
-         (c.sub_group ? "/sub_group=" + std::to_string(c.sub_group) : "");
+         (c.sub_group ? "/sub_group=" + std::to_string(c.sub_group) : "") +
+         (c.resident != 0 ? "/resident=" + (c.resident < 0 ? std::string("auto") : std::to_string(c.resident))
+                          : "");
 }
 
 // A swap directory private to this run. Every rank must name the same one (the config
@@ -97,6 +114,9 @@ inline Config MakeConfig(const Combo& c, const std::string& extra_json = "") {
   }
   if (std::string(c.grads) != "auto") j["strata"]["gradients"] = c.grads;
   if (c.sub_group) j["zero_optimization"]["sub_group_size"] = c.sub_group;
+  if (std::string(c.opt) == "nvme") {
+    j["strata"]["optimizer_resident"] = c.resident < 0 ? nlohmann::json("auto") : nlohmann::json(c.resident);
+  }
   if (!extra_json.empty()) j.merge_patch(nlohmann::json::parse(extra_json));
   auto cfg = ParseConfig(j);
   EXPECT_TRUE(cfg.ok()) << cfg.status().ToString() << "\n" << j.dump();
@@ -122,6 +142,7 @@ struct EngineRun {
   uint64_t device_high_water = 0, device_capacity = 0;
   uint64_t host_need = 0;
   int kept_chunks = 0, carried_chunks = 0, num_chunks = 0;  // from layout_info()
+  int resident_chunks = 0;                                  // optimizer_resident_chunks
   Status status;
 };
 
@@ -179,6 +200,7 @@ inline EngineRun RunEngine(Communicator& world, const Config& config, const zero
   run.host_need = (*engine)->layout_info().host_need;
   run.kept_chunks = (*engine)->layout_info().kept_chunks;
   run.num_chunks = (*engine)->layout_info().num_chunks;
+  run.resident_chunks = (*engine)->layout_info().optimizer_resident_chunks;
   run.carried_chunks = (*engine)->layout_info().carried_chunks;
   return run;
 }

@@ -6,6 +6,7 @@
 #include <future>
 
 #include "engine_checks.h"
+#include "engine_plan.h"
 #include "fake_gpu.h"
 #include "single_world.h"
 
@@ -72,31 +73,6 @@ TEST(Engine, HostBudgetTooSmallIsRefusedAtStart) {
   EngineRun run = RunEngine(World(), c, SmallSpec(1));
   ASSERT_EQ(run.status.code(), StatusCode::kOutOfBudget) << run.status.ToString();
   EXPECT_NE(run.status.message().find("host"), std::string::npos) << run.status.message();
-}
-
-// An engine on a sim device of its own, for tests that drive the hooks or read the plan.
-// The engine is declared last so that it goes before its device.
-struct TestEngine {
-  std::unique_ptr<Device> device;
-  std::unique_ptr<Engine> engine;
-};
-Result<TestEngine> MakeEngine(const Config& config, const zero::TrainSpec& spec) {
-  DeviceOptions dopt;
-  dopt.kind = DeviceKind::kSim;
-  TestEngine t;
-  STRATA_ASSIGN_OR_RETURN(t.device, CreateDevice(dopt));
-  auto init = [&](TensorId id, int64_t b, int64_t n, float* out) {
-    model::InitMlpTensor(spec.model, id, b, n, out);
-  };
-  STRATA_ASSIGN_OR_RETURN(t.engine, Engine::Create(config, model::MlpModules(spec.model), init,
-                                                   EngineResources{&World(), t.device.get()}));
-  return t;
-}
-
-// Creates an engine without training it: its memory plan, or the refusal.
-Result<EngineLayoutInfo> PlanOnly(const Config& config, const zero::TrainSpec& spec) {
-  STRATA_ASSIGN_OR_RETURN(TestEngine t, MakeEngine(config, spec));
-  return t.engine->layout_info();
 }
 
 // The NVMe optimizer steps a shard in pieces: as many as sub_group_size asks for, and

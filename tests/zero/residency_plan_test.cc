@@ -1,0 +1,129 @@
+// Which chunks of an NVMe optimizer stay in pinned memory (residency_plan.h), worked by
+// hand on small layouts.
+#include "zero/residency_plan.h"
+
+#include <gtest/gtest.h>
+
+#include "strata/model.h"
+
+namespace strata::zero {
+namespace {
+
+using K = UseKind;
+
+ModelDecl Modules(int n) {
+  ModelDecl m;
+  for (int i = 0; i < n; ++i) {
+    m.tensors.push_back({"w" + std::to_string(i), {4096}, std::nullopt});
+    m.modules.push_back({"m" + std::to_string(i), {static_cast<TensorId>(i)}});
+  }
+  return m;
+}
+
+// One module per chunk of 4096 elements.
+Layout Chunks(int n) {
+  auto l = MakeLayout(Modules(n), 4096 * 4, 1);
+  EXPECT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->num_chunks, n);
+  return *l;
+}
+
+// Four chunks, one piece each; a staging set of 100 bytes, a resident chunk 300.
+ResidencyInputs Inputs(const Layout& l, const Trace& t, uint64_t room, double fraction = -1) {
+  ResidencyInputs in;
+  in.layout = &l;
+  in.trace = &t;
+  in.pieces = 1;
+  in.set_bytes = 100;
+  in.chunk_bytes = 300;
+  in.room = room;
+  in.fraction = fraction;
+  return in;
+}
+
+TEST(ResidencyPlan, ThePlainOrderKeepsTheChunksTheBackwardFinishesLast) {
+  const Layout l = Chunks(4);
+  EXPECT_EQ(ResidencyOrder(l, Trace::Assumed(4)), (std::vector<int>{0, 1, 2, 3}));
+}
+
+TEST(ResidencyPlan, AFrozenModuleComesLastAndATiedOneByItsLastUse) {
+  const Layout l = Chunks(3);
+  // Module 0 frozen (no backward): its last use is the first forward.
+  const Trace frozen(
+      {{K::kForward, 0}, {K::kForward, 1}, {K::kForward, 2}, {K::kBackward, 2}, {K::kBackward, 1}});
+  EXPECT_EQ(ResidencyOrder(l, frozen), (std::vector<int>{1, 2, 0}));
+  // Module 2 used again at the very end (a tied weight's second backward).
+  const Trace tied({{K::kForward, 0},
+                    {K::kForward, 1},
+                    {K::kForward, 2},
+                    {K::kBackward, 1},
+                    {K::kBackward, 0},
+                    {K::kBackward, 2}});
+  EXPECT_EQ(ResidencyOrder(l, tied), (std::vector<int>{2, 0, 1}));
+}
+
+TEST(ResidencyPlan, AutoTakesTheMostChunksThatFitBesideThePipeline) {
+  const Layout l = Chunks(4);
+  const Trace t = Trace::Assumed(4);
+  // Two resident (600) and the two sets the other two chunks want (one fixed, 100 more).
+  ResidencyPlan p = PlanResidency(Inputs(l, t, 700));
+  EXPECT_EQ(p.count, 2);
+  EXPECT_EQ(p.resident, (std::vector<uint8_t>{1, 1, 0, 0}));
+  EXPECT_EQ(p.staging_sets, 2);
+  EXPECT_EQ(p.extra_bytes, 700u);
+  // One byte short: one resident (300), and the three sets the rest want (200 more).
+  p = PlanResidency(Inputs(l, t, 699));
+  EXPECT_EQ(p.count, 1);
+  EXPECT_EQ(p.resident, (std::vector<uint8_t>{1, 0, 0, 0}));
+  EXPECT_EQ(p.staging_sets, 3);
+  EXPECT_EQ(p.extra_bytes, 500u);
+}
+
+TEST(ResidencyPlan, EveryChunkResidentNeedsNoMoreSets) {
+  const Layout l = Chunks(4);
+  const Trace t = Trace::Assumed(4);
+  ResidencyPlan p = PlanResidency(Inputs(l, t, 1200));
+  EXPECT_EQ(p.count, 4);
+  EXPECT_EQ(p.staging_sets, 1);
+  EXPECT_EQ(p.extra_bytes, 1200u);
+  // 1199: three resident (900) and the one set the last chunk wants (the fixed one).
+  p = PlanResidency(Inputs(l, t, 1199));
+  EXPECT_EQ(p.count, 3);
+  EXPECT_EQ(p.staging_sets, 1);
+  EXPECT_EQ(p.extra_bytes, 900u);
+}
+
+TEST(ResidencyPlan, NoRoomLeavesEverythingOnDiskWithWhatSetsFit) {
+  const Layout l = Chunks(4);
+  const Trace t = Trace::Assumed(4);
+  ResidencyPlan p = PlanResidency(Inputs(l, t, 0));
+  EXPECT_EQ(p.count, 0);
+  EXPECT_EQ(p.staging_sets, 1);
+  EXPECT_EQ(p.extra_bytes, 0u);
+  // 299: no chunk fits, so the room deepens the pipeline up to four sets.
+  p = PlanResidency(Inputs(l, t, 299));
+  EXPECT_EQ(p.count, 0);
+  EXPECT_EQ(p.staging_sets, 3);
+  p = PlanResidency(Inputs(l, t, 10000, /*fraction=*/0));
+  EXPECT_EQ(p.count, 0);
+  EXPECT_EQ(p.staging_sets, 4);
+  EXPECT_EQ(p.extra_bytes, 300u);
+}
+
+TEST(ResidencyPlan, AnExplicitFractionIsHeldAndTheRoomGoesToSets) {
+  const Layout l = Chunks(4);
+  const Trace t = Trace::Assumed(4);
+  // The state of the fraction's chunks is in the fixed needs: the room is for sets only.
+  ResidencyPlan p = PlanResidency(Inputs(l, t, 1000, 0.5));
+  EXPECT_EQ(p.count, 2);
+  EXPECT_EQ(p.resident, (std::vector<uint8_t>{1, 1, 0, 0}));
+  EXPECT_EQ(p.staging_sets, 2);
+  EXPECT_EQ(p.extra_bytes, 100u);
+  EXPECT_EQ(ResidentCount(4, 0.3), 1);
+  EXPECT_EQ(ResidentCount(4, 0.4), 2);
+  EXPECT_EQ(ResidentCount(4, 1.0), 4);
+  EXPECT_EQ(ResidentCount(3, 0.5), 2);  // 1.5 rounds away from zero
+}
+
+}  // namespace
+}  // namespace strata::zero
