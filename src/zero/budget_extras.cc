@@ -57,6 +57,8 @@ void Engine::Impl::PlanExtras(MemoryPlan& p) {
     grad_host_count = 2 + static_cast<int>(std::min<uint64_t>(2, host_room() / grad_slot_bytes));
     host += (grad_host_count - 2) * grad_slot_bytes;
   }
+  // The arena is made this size: room for what the extras strand too (within `usable`).
+  host = host - stranded + std::max(stranded, Fragmentation(host - stranded));
   gather_buffers = 0;
   if (stage == 3) dev += PlanGatherBuffers(p, p.device_budget.bytes - dev);
   info.device_need = dev;

@@ -224,8 +224,11 @@ uint64_t Engine::Impl::Fragmentation(uint64_t bytes) const {
   // larger than a segment crosses boundaries anyway (host_arena.h), so no more than one
   // segment is stranded.
   const uint64_t segment = arena != nullptr ? arena->segment_bytes() : HostArenaOptions{}.segment_bytes;
-  const uint64_t block =
-      std::min(segment, std::max({opt_set_bytes, Align4K(layout.chunk_elems * csize), grad_slot_bytes}));
+  // A resident chunk's state (partial residency) is one block of all three planes.
+  const uint64_t resident_state =
+      opt_tier == ZeroTier::kNvme && config.strata.optimizer_resident != 0 ? Align4K(12ull * opt_elems) : 0;
+  const uint64_t block = std::min(segment, std::max({opt_set_bytes, Align4K(layout.chunk_elems * csize),
+                                                     grad_slot_bytes, resident_state}));
   // A block can be stranded only in front of a segment boundary of an arena of our own
   // (it starts empty); a shared arena may already be cut up, so allow one block more.
   uint64_t boundaries = bytes / segment + (arena != nullptr ? 1 : 0);

@@ -502,12 +502,20 @@ struct Engine::Impl {
     bool overflow = false;   // inf or NaN anywhere
     int prefetch_depth = 0;  // stage 3: the deepest any rank measured
   };
-  // Ends the micro-batch and waits for its reductions and speculative steps.
-  Status FinishBackward();
+  // Ends the micro-batch and waits for its reductions.
+  Status FinishReductions();
+  // Waits for the speculative steps still running (the NVMe ones may outlast the
+  // reductions by the disk's time); the first error.
+  Status WaitSpeculation();
   Result<GlobalStats> AgreeStats();       // collective over the world (stages 1-3)
   Status UndoSpeculation(StepResult& r);  // overflow: the step is skipped
-  // Commits speculative steps that hold (clip 1), steps the rest, publishes parameters.
-  Status ApplyUpdate(double clip, double loss_scale, StepResult& r);
+  // Commits speculative steps that hold (clip 1), steps the rest but `stepped`,
+  // publishes parameters.
+  Status ApplyUpdate(double clip, double loss_scale, StepResult& r, const std::vector<int>& stepped);
+  // Steps `chunks` (not speculatively), in order; a chunk whose parameters cannot be
+  // published leaves the rest stepped but unpublished, and its error is returned.
+  Status StepChunks(const std::vector<int>& chunks, float grad_scale);
+  float GradScale(double clip, double loss_scale) const;
   // Resets the window's gradients and flags and updates the loss scale.
   Status EndWindow(bool overflow);
   void TakeCounters(StepResult& r, int prefetch_depth);

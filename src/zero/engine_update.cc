@@ -13,15 +13,13 @@ Result<StepResult> Engine::Impl::StepOnce() {
   StepResult r;
   const int64_t t_start = NowNs();
   r.loss_scale = scaler->scale();
-  STRATA_RETURN_IF_ERROR(FinishBackward());
-  // Writes behind go on into the next forward: what reads or rewrites a slot waits for
-  // its writes (SettleCommit, WaitSlotWrites, WaitParamWrite).
-  r.step_wait_s = (NowNs() - t_start) * 1e-9;
+  STRATA_RETURN_IF_ERROR(FinishReductions());
   if (stage == 3) {
     // Normally nothing is left after a backward; a forward without one leaves its kept
     // chunks, which the step is about to make stale.
     STRATA_RETURN_IF_ERROR(DropGathered());
   }
+  // The statistics need the reductions only, not the speculative steps still running.
   STRATA_ASSIGN_OR_RETURN(const GlobalStats g, AgreeStats());
   const double loss_scale = scaler->scale();
   r.grad_norm = std::sqrt(g.sum_sq) / loss_scale;
@@ -32,10 +30,23 @@ Result<StepResult> Engine::Impl::StepOnce() {
   }
   r.clip_coef = clip;
   r.skipped = g.overflow;
+  // Resident chunks of the NVMe optimizer never speculate: they step from memory on
+  // every core while the NVMe steps of the backward's speculation finish on the disk.
+  std::vector<int> early;
+  if (!g.overflow) {
+    for (int c = 0; c < layout.num_chunks; ++c) {
+      if (opt_tier == ZeroTier::kNvme && Resident(c)) early.push_back(c);
+    }
+    STRATA_RETURN_IF_ERROR(StepChunks(early, GradScale(clip, loss_scale)));
+  }
+  STRATA_RETURN_IF_ERROR(WaitSpeculation());
+  // Writes behind go on into the next forward: what reads or rewrites a slot waits for
+  // its writes (SettleCommit, WaitSlotWrites, WaitParamWrite).
+  r.step_wait_s = (NowNs() - t_start) * 1e-9;
   if (g.overflow) {
     STRATA_RETURN_IF_ERROR(UndoSpeculation(r));
   } else {
-    STRATA_RETURN_IF_ERROR(ApplyUpdate(clip, loss_scale, r));
+    STRATA_RETURN_IF_ERROR(ApplyUpdate(clip, loss_scale, r, early));
   }
   STRATA_RETURN_IF_ERROR(EndWindow(g.overflow));
   TakeCounters(r, g.prefetch_depth);
@@ -43,9 +54,12 @@ Result<StepResult> Engine::Impl::StepOnce() {
   return r;
 }
 
-Status Engine::Impl::FinishBackward() {
+Status Engine::Impl::FinishReductions() {
   if (in_micro_batch) STRATA_RETURN_IF_ERROR(EndMicroBatch());
-  STRATA_RETURN_IF_ERROR(WaitReduces());
+  return WaitReduces();
+}
+
+Status Engine::Impl::WaitSpeculation() {
   opt_worker.Drain();
   for (auto& o : opt) {
     if (!o.spec_done.valid()) continue;
@@ -89,10 +103,15 @@ Status Engine::Impl::UndoSpeculation(StepResult& r) {
   return OkStatus();
 }
 
-Status Engine::Impl::ApplyUpdate(double clip, double loss_scale, StepResult& r) {
-  const float grad_scale = clip == 1 ? scaler->grad_scale() : static_cast<float>(clip / loss_scale);
+float Engine::Impl::GradScale(double clip, double loss_scale) const {
+  return clip == 1 ? scaler->grad_scale() : static_cast<float>(clip / loss_scale);
+}
+
+Status Engine::Impl::ApplyUpdate(double clip, double loss_scale, StepResult& r,
+                                 const std::vector<int>& stepped) {
   std::vector<int> to_step;
   for (int c = 0; c < layout.num_chunks; ++c) {
+    if (std::find(stepped.begin(), stepped.end(), c) != stepped.end()) continue;
     OptChunk& o = opt[c];
     if (o.speculated && o.has_pending && clip == 1) {
       STRATA_RETURN_IF_ERROR(CommitChunk(c));
@@ -104,24 +123,28 @@ Status Engine::Impl::ApplyUpdate(double clip, double loss_scale, StepResult& r) 
     }
     to_step.push_back(c);
   }
+  STRATA_RETURN_IF_ERROR(StepChunks(to_step, GradScale(clip, loss_scale)));
+  ++step_count;
+  adam.step = step_count + 1;
+  return AllGatherParams();
+}
+
+Status Engine::Impl::StepChunks(const std::vector<int>& chunks, float grad_scale) {
   // With the optimizer in memory a chunk's state is updated in place. When one's
   // parameters cannot be written, the rest are still stepped (not published), so the
   // master the failed engine keeps is a whole step rather than part of one.
   Status unpublished;
-  for (size_t i = 0; i < to_step.size(); ++i) {
-    const int next = i + 1 < to_step.size() ? to_step[i + 1] : -1;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const int next = i + 1 < chunks.size() ? chunks[i + 1] : -1;
     bool updated = false;
-    Status st = StepChunk(to_step[i], grad_scale, /*speculative=*/false, next, nullptr,
+    Status st = StepChunk(chunks[i], grad_scale, /*speculative=*/false, next, nullptr,
                           /*publish=*/unpublished.ok(), &updated);
     if (st.ok()) continue;
     // This chunk's update itself failed: the master is part of a step after all.
     if (!updated) return unpublished.ok() ? st : unpublished;
     if (unpublished.ok()) unpublished = st;
   }
-  ++step_count;
-  adam.step = step_count + 1;
-  STRATA_RETURN_IF_ERROR(unpublished);
-  return AllGatherParams();
+  return unpublished;
 }
 
 Status Engine::Impl::EndWindow(bool overflow) {
