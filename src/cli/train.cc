@@ -1,221 +1,19 @@
-// `strata train` (the GPT on token files by default, or the reference MLP) and `strata
-// bench step` (the MLP). A flag overrides the config file's key only when it is given;
-// what neither sets keeps the config's default (or the tool's, named in the start-up
-// summary). A flag of the model not chosen is refused, not ignored.
+// `strata train`: the GPT on token files by default, or the reference MLP.
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <nlohmann/json.hpp>
-#include <optional>
-#include <set>
 
 #include "cli/commands.h"
 #include "cli/gpt_flags.h"
 #include "cli/gpt_train_job.h"
 #include "cli/interrupt.h"
+#include "cli/train_flags.h"
 #include "cli/train_job.h"
 #include "strata/comm.h"
 #include "strata/token_data.h"
-#include "strata/units.h"
-#include "tools/step_bench.h"
 
 namespace strata::cli {
 namespace {
-
-constexpr int kDefaultMicroBatch = 32;    // MLP samples
-constexpr int kDefaultGptMicroBatch = 8;  // GPT sequences
-
-struct TrainFlags {
-  std::string model = "mlp";  // `strata train` makes gpt the default
-  GptFlags gpt;
-  std::vector<CLI::Option*> mlp_options;  // --params, --depth
-  CLI::Option* steps_option = nullptr;
-  int mlp_steps = 0;  // --model mlp without --steps
-  std::optional<double> lr;
-  std::string config_path;
-  std::string params = "20M";  // with the default chunk size: a few chunks, seconds per step
-  int depth = 4;
-  std::optional<int> stage;
-  std::optional<std::string> offload_optimizer, offload_param, nvme_path, device;
-  std::optional<std::string> device_budget, host_budget, chunk_size;
-  std::optional<int64_t> micro_batch, accumulation, train_batch;
-  int steps = 0;
-  bool no_overlap = false, json = false, keep_swap = false;
-  bool swap_bench = false;  // bench swap: the optimizer state swaps unless the config says
-  int repeat = 1;           // bench step: whole rounds, medians reported
-  std::string trace;
-};
-
-void AddFlags(CLI::App* cmd, TrainFlags* f, int default_steps) {
-  f->steps = default_steps;
-  cmd->add_option("--config", f->config_path,
-                  "JSON config (DeepSpeed keys + strata block); a flag given overrides its key");
-  f->mlp_options = {
-      cmd->add_option("--params", f->params, "MLP parameter count, e.g. 20M, 2e9")->capture_default_str(),
-      cmd->add_option("--depth", f->depth, "MLP hidden layers")->capture_default_str()};
-  cmd->add_option("--lr", f->lr, "optimizer.params.lr");
-  cmd->add_option("--stage", f->stage, "zero_optimization.stage (0-3)");
-  cmd->add_option("--offload-optimizer", f->offload_optimizer,
-                  "zero_optimization.offload_optimizer.device: none|cpu|nvme");
-  cmd->add_option("--offload-param", f->offload_param,
-                  "zero_optimization.offload_param.device: none|cpu|nvme (stage 3)");
-  cmd->add_option("--nvme-path", f->nvme_path,
-                  "swap directory of every nvme offload (default $TMPDIR/strata-swap)");
-  cmd->add_option("--device", f->device, "strata.device: sim|cuda|auto (default sim)");
-  cmd->add_option("--device-budget", f->device_budget, "strata.device_budget, e.g. 2GiB");
-  cmd->add_option("--host-budget", f->host_budget, "strata.host_budget, e.g. 4GiB");
-  cmd->add_option("--chunk-size", f->chunk_size, "strata.chunk_size, e.g. 64MiB (default 16MiB here)");
-  f->steps_option = cmd->add_option("--steps", f->steps, "steps to run")->capture_default_str();
-  cmd->add_option("--micro-batch", f->micro_batch,
-                  "train_micro_batch_size_per_gpu: samples per rank per micro-batch (default 32)");
-  cmd->add_option("--gradient-accumulation-steps", f->accumulation, "gradient_accumulation_steps");
-  cmd->add_option("--train-batch-size", f->train_batch,
-                  "train_batch_size (= micro batch x accumulation x ranks)");
-  cmd->add_flag("--no-overlap", f->no_overlap, "strata.overlap false");
-  cmd->add_flag("--json", f->json, "print the report as JSON");
-  cmd->add_option("--trace", f->trace, "write a Chrome trace (open in Perfetto)");
-}
-
-// A flag given for the model that was not chosen would silently do nothing.
-Status CheckModelFlags(const TrainFlags& f) {
-  const bool gpt = f.model == "gpt";
-  for (const CLI::Option* o : gpt ? f.mlp_options : f.gpt.options) {
-    if (o->count() > 0) {
-      return InvalidArgumentError(o->get_name() + " is a flag of --model " + (gpt ? "mlp" : "gpt") +
-                                  ", and this run trains --model " + f.model +
-                                  "; drop it or choose the other model");
-    }
-  }
-  return gpt ? CheckGptFlags(f.gpt) : OkStatus();
-}
-
-Result<nlohmann::json> ReadConfigFile(const std::string& path) {
-  if (path.empty()) return nlohmann::json::object();
-  std::ifstream in(path);
-  if (!in) return NotFoundError("config file \"" + path + "\" cannot be opened");
-  try {
-    return nlohmann::json::parse(in, nullptr, true, true);
-  } catch (const nlohmann::json::exception& e) {
-    return InvalidArgumentError(path + ": not valid JSON: " + e.what());
-  }
-}
-
-// Sets `key` of `obj` from `flag` when it was given; records where the value came from.
-template <typename T>
-void Apply(nlohmann::json& obj, const char* key, const std::string& path, const std::optional<T>& flag,
-           const char* flag_name, std::map<std::string, std::string>* origin) {
-  if (flag) {
-    obj[key] = *flag;
-    (*origin)[path] = std::string(flag_name);
-  } else if (obj.is_object() && obj.contains(key) && !origin->count(path)) {
-    (*origin)[path] = "the config file";
-  }
-}
-
-Status CheckCounts(const TrainFlags& f) {
-  for (auto [flag, v] : {std::pair{"--micro-batch", f.micro_batch},
-                         {"--gradient-accumulation-steps", f.accumulation},
-                         {"--train-batch-size", f.train_batch}}) {
-    if (v && *v < 1) {
-      return InvalidArgumentError(std::string(flag) + " " + std::to_string(*v) + ": must be at least 1");
-    }
-  }
-  if (f.depth < 1) return InvalidArgumentError("--depth " + std::to_string(f.depth) + ": must be at least 1");
-  if (f.steps < 1) return InvalidArgumentError("--steps " + std::to_string(f.steps) + ": must be at least 1");
-  return OkStatus();
-}
-
-Result<model::MlpSpec> BuildModel(const TrainFlags& f, uint64_t seed) {
-  auto params = ParseCount(f.params);
-  if (!params.ok()) return params.status().WithContext("--params");
-  auto spec =
-      model::MlpSpecForParams(static_cast<double>(*params), f.depth, 256, 16, model::LossKind::kMse, seed);
-  // The narrowest MLP at this depth (width 64): anything asked below it would be
-  // silently rounded up to a different model, or down to a toy one.
-  model::MlpSpec narrow = spec;
-  narrow.hidden.assign(f.depth, 64);
-  const int64_t least = model::MlpParameterCount(narrow);
-  if (static_cast<int64_t>(*params) < least) {
-    return InvalidArgumentError("--params " + f.params + ": the reference MLP with " +
-                                std::to_string(f.depth) + " hidden layers has at least " +
-                                FormatCount(static_cast<double>(least)) +
-                                " parameters (width 64); ask for more (e.g. --params 20M) or lower --depth");
-  }
-  return spec;
-}
-
-// The config from the file and the flags given, with where each setting came from.
-Result<Config> BuildConfig(const TrainFlags& f, std::map<std::string, std::string>* origin) {
-  STRATA_ASSIGN_OR_RETURN(nlohmann::json j, ReadConfigFile(f.config_path));
-  if (!j.is_object())
-    return InvalidArgumentError(f.config_path + ": expected a JSON object at the top level");
-  nlohmann::json& z = j["zero_optimization"];
-  if (f.config_path.empty() && !f.stage && !f.offload_optimizer && !f.offload_param) {
-    // No arguments: the configuration strata exists for (ZeRO-Infinity: stage 3 with
-    // optimizer state and parameters on NVMe, here in the temp directory).
-    z["stage"] = 3;
-    z["offload_optimizer"]["device"] = "nvme";
-    z["offload_param"]["device"] = "nvme";
-    (*origin)["zero_optimization.stage"] = "default with no arguments: stage 3, everything on NVMe";
-  }
-  Apply(z, "stage", "zero_optimization.stage", f.stage, "--stage", origin);
-  if (f.offload_optimizer) z["offload_optimizer"]["device"] = *f.offload_optimizer;
-  if (f.offload_param) z["offload_param"]["device"] = *f.offload_param;
-  const std::string tmp_swap = (std::filesystem::temp_directory_path() / "strata-swap").string();
-  for (const char* k : {"offload_optimizer", "offload_param"}) {
-    if (!z.contains(k) || z[k].value("device", "") != "nvme") continue;
-    if (f.nvme_path)
-      z[k]["nvme_path"] = *f.nvme_path;
-    else if (!z[k].contains("nvme_path"))
-      z[k]["nvme_path"] = tmp_swap;
-  }
-  if (z.empty()) j.erase("zero_optimization");
-  nlohmann::json& s = j["strata"];
-  Apply(s, "device", "strata.device", f.device, "--device", origin);
-  if (!s.contains("device")) s["device"] = "sim", (*origin)["strata.device"] = "default";
-  Apply(s, "device_budget", "strata.device_budget", f.device_budget, "--device-budget", origin);
-  Apply(s, "host_budget", "strata.host_budget", f.host_budget, "--host-budget", origin);
-  Apply(s, "chunk_size", "strata.chunk_size", f.chunk_size, "--chunk-size", origin);
-  // Several chunks even for small models, so the pipeline shows.
-  if (!s.contains("chunk_size")) s["chunk_size"] = f.model == "gpt" ? "1MiB" : "16MiB";
-  if (f.lr) {
-    j["optimizer"]["params"]["lr"] = *f.lr;
-    (*origin)["optimizer.params.lr"] = "--lr";
-  } else if (j.contains("optimizer") && j["optimizer"].contains("params") &&
-             j["optimizer"]["params"].contains("lr")) {
-    (*origin)["optimizer.params.lr"] = "the config file";
-  }
-  if (f.no_overlap) s["overlap"] = false;
-  if (f.swap_bench && !s.contains("optimizer_resident") && z.contains("offload_optimizer") &&
-      z["offload_optimizer"].value("device", "") == "nvme") {
-    s["optimizer_resident"] = 0;
-    (*origin)["strata.optimizer_resident"] = "bench swap: 0 unless the config sets it (all on NVMe)";
-  }
-  if (!f.trace.empty()) s["trace_file"] = f.trace;
-  Apply(j, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu", f.micro_batch, "--micro-batch",
-        origin);
-  Apply(j, "gradient_accumulation_steps", "gradient_accumulation_steps", f.accumulation,
-        "--gradient-accumulation-steps", origin);
-  Apply(j, "train_batch_size", "train_batch_size", f.train_batch, "--train-batch-size", origin);
-  for (const char* k : {"device_budget", "host_budget", "nvme_budget"}) {
-    const std::string key = std::string("strata.") + k;
-    if (!origin->count(key)) {
-      (*origin)[key] = k[0] == 'd'   ? "default: the device's capacity"
-                       : k[0] == 'h' ? "default: from the memlock limit and free memory"
-                                     : "default: free space on the swap paths";
-    }
-  }
-  STRATA_ASSIGN_OR_RETURN(Config config, ParseConfig(j));
-  if (!config.gradient_accumulation_given && config.train_batch_size == 0) {
-    (*origin)["gradient_accumulation_steps"] = "default";
-  }
-  if (config.train_micro_batch_size_per_gpu == 0) {
-    (*origin)["train_micro_batch_size_per_gpu"] =
-        config.train_batch_size ? "derived from train_batch_size" : "default";
-  }
-  return config;
-}
 
 // Says so when a swap directory will be created by the engine (rank 0).
 void NoteMissingSwapDirs(const Config& c) {
@@ -229,37 +27,6 @@ void NoteMissingSwapDirs(const Config& c) {
       }
     }
   }
-}
-
-// What both commands start from: the config with its batch sizes resolved over the
-// world, the model, and the world itself. Refusals come before MPI starts.
-struct Prepared {
-  Config config;
-  model::MlpSpec model;
-  std::unique_ptr<Communicator> world;
-};
-
-Prepared Prepare(const TrainFlags& f, std::map<std::string, std::string>* origin) {
-  ThrowIfError(CheckCounts(f));
-  ThrowIfError(CheckModelFlags(f));
-  auto config = BuildConfig(f, origin);
-  ThrowIfError(config.status());
-  model::MlpSpec mlp;
-  if (f.model == "mlp" && config->activation_checkpointing) {
-    throw CliError(InvalidArgumentError(
-        "activation_checkpointing: the reference MLP (--model mlp, bench step) has no activation recompute; "
-        "remove the block, or train the GPT, which recomputes every block in backward"));
-  }
-  if (f.model == "mlp") {
-    auto model = BuildModel(f, config->seed);
-    ThrowIfError(model.status());
-    mlp = *model;
-  }
-  auto world = InitWorld(CommOptions{"world", config->strata.collective_timeout_s});
-  ThrowIfError(world.status());
-  ThrowIfError(ResolveBatchSizes(&*config, (*world)->size(),
-                                 f.model == "gpt" ? kDefaultGptMicroBatch : kDefaultMicroBatch));
-  return {*config, mlp, std::move(*world)};
 }
 
 // The GPT's job; the data is found (or the default corpus prepared) before MPI starts.
@@ -324,58 +91,6 @@ void RunTrain(const TrainFlags& f) {
   Finish(RunTrainJob(*p.world, job, guard), p);
 }
 
-// `bench swap` measures the engine's NVMe swap: a run that puts nothing on NVMe would
-// measure something else under its name.
-void RefuseWithoutSwap(const Config& c) {
-  if (c.zero.offload_optimizer.device == OffloadDevice::kNvme ||
-      c.zero.offload_param.device == OffloadDevice::kNvme) {
-    return;
-  }
-  throw CliError(InvalidArgumentError(
-      "bench swap: nothing is offloaded to NVMe (zero_optimization.offload_optimizer.device and "
-      "offload_param.device are not \"nvme\"); leave them unset for stage 3 with both on NVMe, or use "
-      "`strata bench step` for other configurations"));
-}
-
-void RunBench(const TrainFlags& f, bool swap) {
-  std::map<std::string, std::string> origin;
-  if (swap) {  // before MPI starts, as Prepare's own refusals
-    Result<Config> config = BuildConfig(f, &origin);
-    if (config.ok()) RefuseWithoutSwap(*config);
-  }
-  Prepared p = Prepare(f, &origin);
-  tools::StepBenchOptions o;
-  o.config = p.config;
-  o.spec.model = p.model;
-  o.spec.data.seed = p.config.seed + 1;
-  o.spec.steps = f.steps;
-  o.spec.micro_batch = p.config.train_micro_batch_size_per_gpu;
-  o.compare_serial = !f.no_overlap;
-  o.measure_rates = true;
-  std::string text;
-  Result<nlohmann::json> report = nlohmann::json();
-  if (f.repeat <= 1) {
-    report = tools::RunStepBench(*p.world, o, &text);
-  } else {
-    std::vector<nlohmann::json> rounds;
-    for (int i = 0; i < f.repeat && report.ok(); ++i) {
-      report = tools::RunStepBench(*p.world, o, nullptr);
-      if (report.ok()) rounds.push_back(*report);
-    }
-    if (report.ok()) report = tools::SummarizeRounds(rounds, &text);
-  }
-  ThrowIfError(report.status());
-  if (p.world->rank() == 0) {
-    if (f.json) {
-      std::printf("%s\n", report->dump(2).c_str());
-    } else {
-      std::fputs(text.c_str(), stdout);
-    }
-  }
-  p.world.reset();
-  ThrowIfError(FinalizeWorld());
-}
-
 }  // namespace
 
 void AddTrainCommand(CLI::App& app) {
@@ -392,32 +107,6 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_flag("--keep-swap", f->keep_swap,
                 "on SIGINT/SIGTERM, keep the swap files for inspection (named on exit)");
   cmd->callback([f] { RunTrain(*f); });
-}
-
-void AddBenchStepCommand(CLI::App& bench) {
-  auto* f = new TrainFlags;
-  auto* cmd = bench.add_subcommand(
-      "step", "training steps: time, breakdown, bytes per link, high water, model bound");
-  AddFlags(cmd, f, 3);
-  cmd->add_option("--repeat", f->repeat, "whole rounds (run, probe, overlap off, probe); medians reported")
-      ->check(CLI::Range(1, 100))
-      ->capture_default_str();
-  cmd->callback([f] { RunBench(*f, /*swap=*/false); });
-}
-
-void AddBenchSwapCommand(CLI::App& bench) {
-  auto* f = new TrainFlags;
-  auto* cmd = bench.add_subcommand(
-      "swap",
-      "NVMe swap experiment: training steps with the engine's own swap (by default stage 3 with optimizer "
-      "state and parameters on NVMe), bytes moved and the disk's rate beside its bound (bench step's "
-      "report)");
-  AddFlags(cmd, f, 3);
-  cmd->add_option("--repeat", f->repeat, "whole rounds (run, probe, overlap off, probe); medians reported")
-      ->check(CLI::Range(1, 100))
-      ->capture_default_str();
-  f->swap_bench = true;
-  cmd->callback([f] { RunBench(*f, /*swap=*/true); });
 }
 
 }  // namespace strata::cli
