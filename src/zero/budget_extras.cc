@@ -43,7 +43,7 @@ void Engine::Impl::PlanExtras(MemoryPlan& p) {
     in.trace = &order->trace();
     in.pieces = pieces;
     in.set_bytes = opt_set_bytes;
-    in.chunk_bytes = zero::Align4K(12ull * opt_elems) + (grad_tier == ZeroTier::kNvme ? grad_slot_bytes : 0);
+    in.chunk_bytes = ResidentStateBytes() + (grad_tier == ZeroTier::kNvme ? grad_slot_bytes : 0);
     in.room = host_room();
     in.fraction = config.strata.optimizer_resident;
     zero::ResidencyPlan r = zero::PlanResidency(in);

@@ -179,14 +179,11 @@ void Engine::Impl::PlanHostNeed(MemoryPlan& p) {
 int Engine::Impl::PlanExplicitResidency(zero::TierNeed& h) {
   if (opt_tier != ZeroTier::kNvme || config.strata.optimizer_resident < 0) return 0;
   const int count = zero::ResidentCount(layout.num_chunks, config.strata.optimizer_resident);
-  opt_resident.assign(layout.num_chunks, 0);
-  const std::vector<int> order_of = zero::ResidencyOrder(layout, order->trace());
-  for (int i = 0; i < count; ++i) opt_resident[order_of[i]] = 1;
   char fraction[32];
   std::snprintf(fraction, sizeof(fraction), "%g", config.strata.optimizer_resident);
   h.Add(Part("the optimizer state (fp32 master, m and v) of the " + Chunks(count) +
                  " kept in memory (strata.optimizer_resident " + fraction + ")",
-             count * Align4K(12ull * opt_elems), NeedScale::kModel, "lower strata.optimizer_resident", true));
+             count * ResidentStateBytes(), NeedScale::kModel, "lower strata.optimizer_resident", true));
   return count;
 }
 
@@ -226,7 +223,7 @@ uint64_t Engine::Impl::Fragmentation(uint64_t bytes) const {
   const uint64_t segment = arena != nullptr ? arena->segment_bytes() : HostArenaOptions{}.segment_bytes;
   // A resident chunk's state (partial residency) is one block of all three planes.
   const uint64_t resident_state =
-      opt_tier == ZeroTier::kNvme && config.strata.optimizer_resident != 0 ? Align4K(12ull * opt_elems) : 0;
+      opt_tier == ZeroTier::kNvme && config.strata.optimizer_resident != 0 ? ResidentStateBytes() : 0;
   const uint64_t block = std::min(segment, std::max({opt_set_bytes, Align4K(layout.chunk_elems * csize),
                                                      grad_slot_bytes, resident_state}));
   // A block can be stranded only in front of a segment boundary of an arena of our own

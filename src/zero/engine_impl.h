@@ -411,9 +411,11 @@ struct Engine::Impl {
   void PlanPieces();
   void PlanDeviceNeed(MemoryPlan& plan);
   void PlanHostNeed(MemoryPlan& plan);  // also decides where NVMe-optimizer gradients wait
-  // strata.optimizer_resident set: marks its chunks resident and adds their state to the
-  // host need `h`; the count (0 when unset).
+  // strata.optimizer_resident set: adds the state of the chunks it asks for to the host
+  // need `h`; their count (0 when unset). PlanExtras marks which (residency_plan.h).
   int PlanExplicitResidency(zero::TierNeed& h);
+  // Pinned bytes of one resident chunk's master | m | v (one block).
+  uint64_t ResidentStateBytes() const { return zero::Align4K(12ull * opt_elems); }
   void PlanNvmeNeed(MemoryPlan& plan);
   // Pinned bytes that the arena's 1 GiB segments may strand when holding `bytes`.
   uint64_t Fragmentation(uint64_t bytes) const;
