@@ -94,8 +94,11 @@ Status JsonReader::Double(std::string_view key, double lo, double hi, double* ou
 Status JsonReader::DoubleOrAuto(std::string_view key, double lo, double hi, double* out) {
   const auto* v = Find(key);
   if (v && v->is_string()) {
-    std::string word = "auto";
-    STRATA_RETURN_IF_ERROR(Enum(key, {"auto"}, &word));
+    if (v->get<std::string>() != "auto") {
+      char range[64];
+      std::snprintf(range, sizeof(range), "a number in [%g, %g] or \"auto\"", lo, hi);
+      return InvalidArgumentError(Path(key) + ": expected " + range + ", got " + Brief(*v));
+    }
     *out = -1;
     return OkStatus();
   }
