@@ -141,6 +141,13 @@ struct StepResult {
   uint64_t device_high_water = 0, host_high_water = 0;
 };
 
+// One part of a tier's fixed need, as the budget check counts it.
+struct EngineNeedPart {
+  std::string tier;  // "device", "pinned host", "NVMe"
+  std::string what;  // "the optimizer state (fp32 master, m and v) and gradient shards"
+  uint64_t bytes = 0;
+};
+
 struct EngineLayoutInfo {
   int64_t num_params = 0;  // real parameters
   int64_t chunk_elems = 0;
@@ -149,6 +156,10 @@ struct EngineLayoutInfo {
   uint64_t device_need = 0;  // bytes the engine must hold on the device (fixed part)
   uint64_t host_need = 0;
   uint64_t nvme_need = 0;
+  // The fixed parts of the three needs; each need above also counts the optional parts
+  // (speculation spares, staging depth, resident chunks, gather buffers) the budgets
+  // left room for.
+  std::vector<EngineNeedPart> need_parts;
   bool gradients_on_nvme = false;  // strata.gradients resolved (optimizer on NVMe only)
   // Optimizer on NVMe: each chunk's shard is stepped in this many pieces (sub-groups) of
   // at most optimizer_piece_elems, bounded by zero_optimization.sub_group_size and by
@@ -190,6 +201,11 @@ class Engine : public ModuleHooks {
   // without CUDA.
   static Result<std::unique_ptr<Engine>> Create(const Config& config, ModelDecl model, const ParamInit& init,
                                                 const EngineResources& resources);
+  // The plan Create would follow, allocating nothing and creating no file: the layout and
+  // each tier's need (the memory account `strata plan` ranks). Collective over
+  // resources.world as Create; the same errors, up to and including OutOfBudget.
+  static Result<EngineLayoutInfo> Plan(const Config& config, ModelDecl model,
+                                       const EngineResources& resources);
   ~Engine() override;
 
   // --- hooks the model calls (ModuleHooks) ---

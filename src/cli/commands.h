@@ -23,6 +23,7 @@ void AddInfoCommand(CLI::App& app);
 void AddTrainCommand(CLI::App& app);
 void AddDataCommand(CLI::App& app);
 void AddCkptCommand(CLI::App& app);
+void AddPlanCommand(CLI::App& app);
 void AddBenchStepCommand(CLI::App& bench);
 void AddBenchPcieCommand(CLI::App& bench);
 void AddBenchAdamCommand(CLI::App& bench);

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   strata::cli::AddTrainCommand(app);
   strata::cli::AddDataCommand(app);
   strata::cli::AddCkptCommand(app);
+  strata::cli::AddPlanCommand(app);
   CLI::App* bench = app.add_subcommand("bench", "offload-bandwidth benchmarks, each figure beside its limit");
   bench->require_subcommand(1);
   strata::cli::AddBenchPcieCommand(*bench);

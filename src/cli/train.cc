@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "cli/auto_plan.h"
 #include "cli/commands.h"
 #include "cli/gpt_flags.h"
 #include "cli/gpt_train_job.h"
@@ -82,6 +83,7 @@ void RunTrain(const TrainFlags& f) {
   }
   TrainJob job;
   Prepared p = Prepare(f, &job.origin);
+  if (p.config.strata.plan == "auto") ApplyAutoPlan(&p, &job.origin);
   job.steps = f.steps_option->count() || !f.mlp_steps ? f.steps : f.mlp_steps;
   job.config = p.config;
   job.model = p.model;

@@ -48,6 +48,29 @@ Status CheckCounts(const TrainFlags& f) {
   return OkStatus();
 }
 
+// strata.plan "auto" chooses these; a value given too would be silently replaced.
+Status CheckAutoPlanKeys(const nlohmann::json& j, const TrainFlags& f) {
+  const nlohmann::json empty = nlohmann::json::object();
+  const nlohmann::json& z = j.contains("zero_optimization") ? j["zero_optimization"] : empty;
+  const nlohmann::json& s = j.contains("strata") && j["strata"].is_object() ? j["strata"] : empty;
+  for (auto [given, key] : {std::pair{z.contains("stage"), "zero_optimization.stage"},
+                            {z.contains("offload_optimizer"), "zero_optimization.offload_optimizer"},
+                            {z.contains("offload_param"), "zero_optimization.offload_param"},
+                            {s.contains("overlap") || f.no_overlap, "strata.overlap"}}) {
+    if (given) {
+      return InvalidArgumentError(std::string(key) +
+                                  ": strata.plan \"auto\" (--config auto) chooses it; give one or the other "
+                                  "(the flags --stage, --offload-optimizer, --offload-param and --no-overlap "
+                                  "set these keys)");
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+std::string DefaultSwapDir() { return (std::filesystem::temp_directory_path() / "strata-swap").string(); }
+
 Result<model::MlpSpec> BuildModel(const TrainFlags& f, uint64_t seed) {
   auto params = ParseCount(f.params);
   if (!params.ok()) return params.status().WithContext("--params");
@@ -67,12 +90,12 @@ Result<model::MlpSpec> BuildModel(const TrainFlags& f, uint64_t seed) {
   return spec;
 }
 
-}  // namespace
-
 void AddFlags(CLI::App* cmd, TrainFlags* f, int default_steps) {
   f->steps = default_steps;
-  cmd->add_option("--config", f->config_path,
-                  "JSON config (DeepSpeed keys + strata block); a flag given overrides its key");
+  cmd->add_option(
+      "--config", f->config_path,
+      "JSON config (DeepSpeed keys + strata block); a flag given overrides its key; train: \"auto\" "
+      "chooses the stage and offloads by `strata plan`");
   f->mlp_options = {
       cmd->add_option("--params", f->params, "MLP parameter count, e.g. 20M, 2e9")->capture_default_str(),
       cmd->add_option("--depth", f->depth, "MLP hidden layers")->capture_default_str()};
@@ -114,7 +137,8 @@ Status CheckModelFlags(const TrainFlags& f) {
 
 // The config from the file and the flags given, with where each setting came from.
 Result<Config> BuildConfig(const TrainFlags& f, std::map<std::string, std::string>* origin) {
-  STRATA_ASSIGN_OR_RETURN(nlohmann::json j, ReadConfigFile(f.config_path));
+  const bool auto_plan = f.config_path == "auto";
+  STRATA_ASSIGN_OR_RETURN(nlohmann::json j, ReadConfigFile(auto_plan ? "" : f.config_path));
   if (!j.is_object())
     return InvalidArgumentError(f.config_path + ": expected a JSON object at the top level");
   nlohmann::json& z = j["zero_optimization"];
@@ -129,7 +153,7 @@ Result<Config> BuildConfig(const TrainFlags& f, std::map<std::string, std::strin
   Apply(z, "stage", "zero_optimization.stage", f.stage, "--stage", origin);
   if (f.offload_optimizer) z["offload_optimizer"]["device"] = *f.offload_optimizer;
   if (f.offload_param) z["offload_param"]["device"] = *f.offload_param;
-  const std::string tmp_swap = (std::filesystem::temp_directory_path() / "strata-swap").string();
+  const std::string tmp_swap = DefaultSwapDir();
   for (const char* k : {"offload_optimizer", "offload_param"}) {
     if (!z.contains(k) || z[k].value("device", "") != "nvme") continue;
     if (f.nvme_path)
@@ -137,8 +161,16 @@ Result<Config> BuildConfig(const TrainFlags& f, std::map<std::string, std::strin
     else if (!z[k].contains("nvme_path"))
       z[k]["nvme_path"] = tmp_swap;
   }
-  if (z.empty()) j.erase("zero_optimization");
   nlohmann::json& s = j["strata"];
+  if (auto_plan) {
+    s["plan"] = "auto";
+    (*origin)["strata.plan"] = "--config auto";
+  }
+  if (s.is_object() && s.value("plan", "off") == "auto") {
+    STRATA_RETURN_IF_ERROR(CheckAutoPlanKeys(j, f));
+    // Where the plan may put an NVMe plane, as --nvme-path does for a chosen one.
+    if (f.nvme_path || !s.contains("swap_paths")) s["swap_paths"] = {f.nvme_path.value_or(tmp_swap)};
+  }
   Apply(s, "device", "strata.device", f.device, "--device", origin);
   if (!s.contains("device")) s["device"] = "sim", (*origin)["strata.device"] = "default";
   Apply(s, "device_budget", "strata.device_budget", f.device_budget, "--device-budget", origin);
@@ -173,6 +205,7 @@ Result<Config> BuildConfig(const TrainFlags& f, std::map<std::string, std::strin
                                      : "default: free space on the swap paths";
     }
   }
+  if (z.empty()) j.erase("zero_optimization");  // z is not used past here
   STRATA_ASSIGN_OR_RETURN(Config config, ParseConfig(j));
   if (!config.gradient_accumulation_given && config.train_batch_size == 0) {
     (*origin)["gradient_accumulation_steps"] = "default";
@@ -190,6 +223,12 @@ Prepared Prepare(const TrainFlags& f, std::map<std::string, std::string>* origin
   auto config = BuildConfig(f, origin);
   ThrowIfError(config.status());
   model::MlpSpec mlp;
+  if (f.model == "gpt" && config->strata.plan == "auto") {
+    throw CliError(
+        InvalidArgumentError("strata.plan \"auto\" (--config auto): the planner models the reference MLP "
+                             "only so far; train the GPT "
+                             "with a config file (see `strata plan --help`), or add --model mlp"));
+  }
   if (f.model == "mlp" && config->activation_checkpointing) {
     throw CliError(InvalidArgumentError(
         "activation_checkpointing: the reference MLP (--model mlp, bench step) has no activation recompute; "

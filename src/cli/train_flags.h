@@ -46,6 +46,11 @@ struct TrainFlags {
 void AddFlags(CLI::App* cmd, TrainFlags* f, int default_steps);
 // InvalidArgument naming a flag given for the model that was not chosen.
 Status CheckModelFlags(const TrainFlags& f);
+// Where NVMe planes swap without --nvme-path or a path in the config: $TMPDIR/strata-swap.
+std::string DefaultSwapDir();
+// The reference MLP --params and --depth ask for; InvalidArgument naming the flag for a
+// count below the narrowest MLP of that depth.
+Result<model::MlpSpec> BuildModel(const TrainFlags& f, uint64_t seed);
 // The config from the file and the flags given, with where each setting came from.
 Result<Config> BuildConfig(const TrainFlags& f, std::map<std::string, std::string>* origin);
 

@@ -208,6 +208,7 @@ Status ReadStrata(JsonReader& r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Bool("checksum", &s->checksum));
   STRATA_RETURN_IF_ERROR(r.Bool("overlap", &s->overlap));
   STRATA_RETURN_IF_ERROR(r.Enum("gradients", {"auto", "host", "nvme"}, &s->gradients));
+  STRATA_RETURN_IF_ERROR(r.Enum("plan", {"off", "auto"}, &s->plan));
   STRATA_RETURN_IF_ERROR(r.DoubleOrAuto("optimizer_resident", 0, 1, &s->optimizer_resident));
   STRATA_RETURN_IF_ERROR(r.Double("collective_timeout_s", 0.001, 1e7, &s->collective_timeout_s));
   return r.Finish();
@@ -393,6 +394,7 @@ nlohmann::json ConfigToJson(const Config& c) {
                  {"checksum", s.checksum},
                  {"overlap", s.overlap},
                  {"gradients", s.gradients},
+                 {"plan", s.plan},
                  {"optimizer_resident",
                   s.optimizer_resident < 0 ? nlohmann::json("auto") : nlohmann::json(s.optimizer_resident)},
                  {"collective_timeout_s", s.collective_timeout_s}};

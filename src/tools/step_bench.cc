@@ -1,5 +1,7 @@
 #include "tools/step_bench.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -55,6 +57,8 @@ Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const Tr
     r.disk_unavailable = m.status().ToString();
   }
   STRATA_ASSIGN_OR_RETURN(TrainLog log, TrainWithEngine(*engine, world, config, run_spec));
+  struct rusage ru {};
+  if (getrusage(RUSAGE_SELF, &ru) == 0) r.peak_rss = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
   if (disk && disk_status.ok()) {
     r.disk_name = disk->name();
     r.disk = ActivityBetween(disk_from, disk_to);
@@ -111,6 +115,7 @@ nlohmann::json RunJson(const StepBenchRun& r) {
             {"d2h", s.bytes_d2h},
             {"collectives", s.bytes_comm}}},
           {"high_water", {{"device", s.device_high_water}, {"host", s.host_high_water}}},
+          {"peak_rss_bytes", r.peak_rss},
           {"losses", r.losses},
           {"disk", DiskJson(r)}};
 }
@@ -181,15 +186,9 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
     w.nvme_read_bytes = static_cast<double>(main.last.bytes_nvme_read);
     w.nvme_write_bytes = static_cast<double>(main.last.bytes_nvme_written);
     model = ModelStep(rates, w, /*shared_cpu=*/c.strata.device != DeviceKind::kCuda);
-    j["rates"] = {{"adam_params_per_s", rates.adam_params_per_s},
-                  {"copy_bytes_per_s", rates.copy_bytes_per_s},
-                  {"nvme_read_bytes_per_s", rates.nvme_read_bytes_per_s},
-                  {"nvme_write_bytes_per_s", rates.nvme_write_bytes_per_s},
-                  {"nvme_mixed_bytes_per_s", rates.nvme_mixed_bytes_per_s},
-                  {"nvme_mixed_read_fraction", read_fraction},
-                  {"nvme_probe_bytes", probe},
-                  {"probes", probes},
-                  {"nvme_backend", rates.nvme_backend}};
+    j["rates"] = RatesToJson(rates);
+    j["rates"].update(
+        {{"nvme_mixed_read_fraction", read_fraction}, {"nvme_probe_bytes", probe}, {"probes", probes}});
     j["model_time"] = ToJson(model);
     j["overlap_efficiency"] = model.bound_s / main.step_s;
     if (model.bound_mixed_s > 0) j["overlap_efficiency_mixed"] = model.bound_mixed_s / main.step_s;
@@ -219,6 +218,11 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
          (c.strata.device_budget ? FormatBytes(c.strata.device_budget) : std::string("sim default")) +
          "), host " + FormatBytes(main.last.host_high_water) + " (budget " +
          (c.strata.host_budget ? FormatBytes(c.strata.host_budget) : std::string("derived")) + ")\n";
+  out +=
+      "  process peak RSS     " + FormatBytes(main.peak_rss) + " (the plan's device + host needs " +
+      FormatBytes(main.layout.device_need + main.layout.host_need) +
+      (c.strata.device == DeviceKind::kCuda ? ", device memory not in RSS" : ", sim device memory included") +
+      ")\n";
   out += "  speculative steps    " + std::to_string(main.last.speculative_steps) + " chunks, redone " +
          std::to_string(main.last.redone_steps) + "\n";
   if (main.last.prefetch_modules > 0) {

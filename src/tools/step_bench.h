@@ -22,9 +22,9 @@ using zero::TrainWithEngine;
 
 struct StepBenchOptions {
   Config config;
-  TrainSpec spec;             // spec.steps measured steps follow one warm-up step
-  bool compare_serial = true; // run again with strata.overlap false, same process
-  bool measure_rates = true;  // lane rates for the step-time model
+  TrainSpec spec;              // spec.steps measured steps follow one warm-up step
+  bool compare_serial = true;  // run again with strata.overlap false, same process
+  bool measure_rates = true;   // lane rates for the step-time model
 };
 
 struct StepBenchRun {
@@ -39,6 +39,9 @@ struct StepBenchRun {
   // why when the run has no swap directory or it has no block device.
   std::string disk_name, disk_unavailable;
   DiskActivity disk;
+  // The process's peak resident set after the run (getrusage; every allocation so far,
+  // the engine's pinned arena and, on the sim device, its "device" memory included).
+  uint64_t peak_rss = 0;
 };
 
 // Runs the configured engine (and the serial variant), collective over `world`.

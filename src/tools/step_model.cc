@@ -65,7 +65,9 @@ Status MeasureNvme(const std::string& dir, uint64_t probe_bytes, double read_fra
   IoBufferRegion region{arena->base(), arena->size()};
   // Without fixed buffers the pass still measures, a little slower; not an error here.
   io->RegisterBuffers({&region, 1}).IgnoreError();
-  std::filesystem::create_directories(dir);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return IoError("the NVMe probe's directory " + dir + " cannot be created: " + ec.message());
   std::string path = dir + "/strata-lane-probe.tmp";
   STRATA_ASSIGN_OR_RETURN(int file, io->RegisterFile(path, /*create=*/true));
   // op kRead/kWrite: the whole file; mixed: reads and writes interleaved over it, the
@@ -89,7 +91,8 @@ Status MeasureNvme(const std::string& dir, uint64_t probe_bytes, double read_fra
       r.file = file;
       r.offset = off;
       r.length = block;
-      r.buffer = static_cast<char*>(arena->base()) + (off / block % depth + (op == IoOp::kRead ? 0 : depth)) * block;
+      r.buffer =
+          static_cast<char*>(arena->base()) + (off / block % depth + (op == IoOp::kRead ? 0 : depth)) * block;
       reqs.push_back(r);
     }
     STRATA_ASSIGN_OR_RETURN(IoHandle h, io->Submit(reqs));
@@ -110,7 +113,7 @@ Status MeasureNvme(const std::string& dir, uint64_t probe_bytes, double read_fra
     rates->nvme_mixed_bytes_per_s = std::max(rates->nvme_mixed_bytes_per_s, m);
   }
   STRATA_RETURN_IF_ERROR(io->UnregisterFile(file));
-  std::filesystem::remove(path);
+  std::filesystem::remove(path, ec);
   return OkStatus();
 }
 
@@ -123,11 +126,12 @@ LaneRates BestOf(const LaneRates& a, const LaneRates& b) {
   r.nvme_read_bytes_per_s = std::max(a.nvme_read_bytes_per_s, b.nvme_read_bytes_per_s);
   r.nvme_write_bytes_per_s = std::max(a.nvme_write_bytes_per_s, b.nvme_write_bytes_per_s);
   r.nvme_mixed_bytes_per_s = std::max(a.nvme_mixed_bytes_per_s, b.nvme_mixed_bytes_per_s);
+  r.compute_flops_per_s = std::max(a.compute_flops_per_s, b.compute_flops_per_s);
   return r;
 }
 
-Result<LaneRates> MeasureLaneRates(const std::string& nvme_dir, int64_t adam_params, uint64_t nvme_probe_bytes,
-                                   double read_fraction) {
+Result<LaneRates> MeasureLaneRates(const std::string& nvme_dir, int64_t adam_params,
+                                   uint64_t nvme_probe_bytes, double read_fraction) {
   LaneRates r;
   STRATA_ASSIGN_OR_RETURN(r.adam_params_per_s, MeasureAdam(std::max<int64_t>(adam_params, 1 << 20)));
   r.copy_bytes_per_s = MeasureCopy();
@@ -161,11 +165,76 @@ StepModel ModelStep(const LaneRates& rates, const LaneWork& w, bool shared_cpu) 
   return m;
 }
 
+namespace {
+
+nlohmann::json ToJson(const EngineRates& e) {
+  return {{"optimizer_params_per_s", e.optimizer_params_per_s},
+          {"other_s_per_param", e.other_s_per_param},
+          {"overlap_factor", e.overlap_factor}};
+}
+
+}  // namespace
+
+nlohmann::json RatesToJson(const LaneRates& r) {
+  return {{"adam_params_per_s", r.adam_params_per_s},
+          {"copy_bytes_per_s", r.copy_bytes_per_s},
+          {"nvme_read_bytes_per_s", r.nvme_read_bytes_per_s},
+          {"nvme_write_bytes_per_s", r.nvme_write_bytes_per_s},
+          {"nvme_mixed_bytes_per_s", r.nvme_mixed_bytes_per_s},
+          {"nvme_backend", r.nvme_backend},
+          {"compute_flops_per_s", r.compute_flops_per_s},
+          {"device_optimizer", ToJson(r.device_optimizer)},
+          {"host_optimizer", ToJson(r.host_optimizer)},
+          {"nvme_optimizer", ToJson(r.nvme_optimizer)}};
+}
+
+Result<LaneRates> RatesFromJson(const nlohmann::json& doc) {
+  const nlohmann::json& top = doc.contains("rates") ? doc["rates"] : doc;
+  if (!top.is_object()) return InvalidArgumentError("lane rates: expected a JSON object");
+  LaneRates r;
+  const nlohmann::json* at = &top;
+  auto read = [&](const char* key, double* out, bool required) -> Status {
+    const nlohmann::json& j = *at;
+    if (!j.contains(key)) {
+      return required ? InvalidArgumentError(std::string("lane rates: \"") + key + "\" is missing")
+                      : OkStatus();
+    }
+    if (!j[key].is_number() || j[key].get<double>() < 0) {
+      return InvalidArgumentError(std::string("lane rates: \"") + key + "\" must be a number >= 0");
+    }
+    *out = j[key].get<double>();
+    return OkStatus();
+  };
+  STRATA_RETURN_IF_ERROR(read("adam_params_per_s", &r.adam_params_per_s, true));
+  STRATA_RETURN_IF_ERROR(read("copy_bytes_per_s", &r.copy_bytes_per_s, true));
+  STRATA_RETURN_IF_ERROR(read("nvme_read_bytes_per_s", &r.nvme_read_bytes_per_s, false));
+  STRATA_RETURN_IF_ERROR(read("nvme_write_bytes_per_s", &r.nvme_write_bytes_per_s, false));
+  STRATA_RETURN_IF_ERROR(read("nvme_mixed_bytes_per_s", &r.nvme_mixed_bytes_per_s, false));
+  STRATA_RETURN_IF_ERROR(read("compute_flops_per_s", &r.compute_flops_per_s, false));
+  if (top.contains("nvme_backend") && top["nvme_backend"].is_string()) r.nvme_backend = top["nvme_backend"];
+  for (auto [key, e] : {std::pair{"device_optimizer", &r.device_optimizer},
+                        {"host_optimizer", &r.host_optimizer},
+                        {"nvme_optimizer", &r.nvme_optimizer}}) {
+    if (!top.contains(key)) continue;
+    at = &top[key];
+    if (!at->is_object())
+      return InvalidArgumentError(std::string("lane rates: \"") + key + "\" must be an object");
+    STRATA_RETURN_IF_ERROR(read("optimizer_params_per_s", &e->optimizer_params_per_s, true));
+    STRATA_RETURN_IF_ERROR(read("other_s_per_param", &e->other_s_per_param, true));
+    STRATA_RETURN_IF_ERROR(read("overlap_factor", &e->overlap_factor, true));
+  }
+  return r;
+}
+
 nlohmann::json ToJson(const StepModel& m) {
   nlohmann::json lanes = nlohmann::json::object();
   for (auto& [name, s] : m.lanes) lanes[name] = s;
-  return {{"lanes_s", lanes}, {"cpu_s", m.cpu_s},       {"nvme_s", m.nvme_s},
-          {"bound_s", m.bound_s}, {"serial_s", m.serial_s}, {"nvme_mixed_s", m.nvme_mixed_s},
+  return {{"lanes_s", lanes},
+          {"cpu_s", m.cpu_s},
+          {"nvme_s", m.nvme_s},
+          {"bound_s", m.bound_s},
+          {"serial_s", m.serial_s},
+          {"nvme_mixed_s", m.nvme_mixed_s},
           {"bound_mixed_s", m.bound_mixed_s}};
 }
 

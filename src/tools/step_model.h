@@ -9,14 +9,21 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "strata/status.h"
 
 namespace strata::tools {
+
+// What a real step of the engine adds to the probes (engine_calibration.h), per element
+// its optimizer steps (chunk padding included).
+struct EngineRates {
+  double optimizer_params_per_s = 0;  // the optimizer lane's busy time in a serial step
+  double other_s_per_param = 0;       // the rest of a serial step beyond the lanes
+  double overlap_factor = 1;          // the overlapped step over the serial one
+};
 
 struct LaneRates {
   double adam_params_per_s = 0;  // CPU Adam, fp32 grads with the 16-bit copy
@@ -27,7 +34,21 @@ struct LaneRates {
   // pipelined step gives it (below the additive rate when the two interfere).
   double nvme_mixed_bytes_per_s = 0;
   std::string nvme_backend;
+  // From the engine's own steps (engine_calibration.h); 0 when not measured: the model's
+  // forward and backward, and the engine with its optimizer on the device, on the host,
+  // and on NVMe (its state held in pinned memory, so the code path without the disk).
+  double compute_flops_per_s = 0;
+  EngineRates device_optimizer, host_optimizer, nvme_optimizer;
 };
+
+// A saved profile: {"adam_params_per_s": ..., "copy_bytes_per_s": ..., ...}, the
+// "rates" object of `strata bench step --json` and of `strata plan --json`.
+nlohmann::json RatesToJson(const LaneRates& r);
+// Reads RatesToJson's object, or a whole plan report holding one under "rates".
+// InvalidArgument naming a key that is missing (the probes' adam and copy rates, and
+// each field of an engine calibration given) or not a number >= 0. A bench step
+// report's rates lack the compute and engine rates: those read as 0 (unmeasured).
+Result<LaneRates> RatesFromJson(const nlohmann::json& j);
 
 // Measures the rates: Adam over `adam_params` parameters, memcpy over 64 MiB, and when
 // nvme_dir is not empty, O_DIRECT reads and writes of a file of nvme_probe_bytes there
@@ -49,6 +70,9 @@ struct LaneWork {
   double comm_bytes = 0;
   double nvme_read_bytes = 0;
   double nvme_write_bytes = 0;
+  // Of nvme_read_bytes, the parameter shards the gathers read (the forward and backward
+  // wait for them); 0 where not predicted.
+  double nvme_param_read_bytes = 0;
 };
 
 struct StepModel {

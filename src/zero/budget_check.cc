@@ -13,7 +13,6 @@
 #include "strata/units.h"
 
 namespace strata::zero {
-namespace {
 
 std::string_view TierName(ZeroTier t) {
   switch (t) {
@@ -23,6 +22,8 @@ std::string_view TierName(ZeroTier t) {
   }
   return "?";
 }
+
+namespace {
 
 std::string_view PlaceName(ZeroTier t) {
   switch (t) {

@@ -20,6 +20,9 @@ enum class ZeroTier { kDevice, kHost, kNvme };
 
 namespace zero {
 
+// "device", "pinned host", "NVMe".
+std::string_view TierName(ZeroTier t);
+
 inline uint64_t Align4K(uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; }
 
 // How a part of a tier's need grows.

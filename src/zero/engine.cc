@@ -162,8 +162,8 @@ Engine::~Engine() {
   }
 }
 
-Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, ModelDecl model, const ParamInit& init,
-                                               const EngineResources& res) {
+Result<std::unique_ptr<Engine::Impl>> Engine::Impl::Make(const Config& config, ModelDecl model,
+                                                         const EngineResources& res) {
   if (res.world == nullptr) return InvalidArgumentError("engine: EngineResources.world is required");
   if (res.device == nullptr) return InvalidArgumentError("engine: EngineResources.device is required");
   if (res.world->memory_space() != MemorySpace::kHost) {
@@ -206,6 +206,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, ModelDecl m
         "\" chooses where gradients wait for an NVMe optimizer step; it needs "
         "zero_optimization.offload_optimizer.device \"nvme\" (leave it \"auto\" otherwise)");
   }
+  if (config.strata.plan != "off") {
+    return InvalidArgumentError(
+        "strata.plan: \"" + config.strata.plan +
+        "\" is resolved by `strata train`, which plans the stage and offloads before the engine starts; a "
+        "program that creates the engine itself plans with tools::PlanConfigurations and passes the config "
+        "it chose (with strata.plan \"off\")");
+  }
   if (config.strata.optimizer_resident >= 0 && s.opt_tier != ZeroTier::kNvme) {
     return InvalidArgumentError(
         "strata.optimizer_resident: keeps part of an NVMe optimizer's state in pinned host memory; it "
@@ -236,15 +243,28 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, ModelDecl m
   s.order.emplace(s.layout);
   s.opt_elems = s.stage == 0 ? s.layout.chunk_elems : s.layout.shard_elems;
   s.opt_offset = s.stage == 0 ? 0 : s.rank * s.layout.shard_elems;
-  STRATA_ASSIGN_OR_RETURN(s.h2d, s.device->CreateStream("engine-h2d"));
-  STRATA_ASSIGN_OR_RETURN(s.d2h, s.device->CreateStream("engine-d2h"));
-  STRATA_ASSIGN_OR_RETURN(s.compute_stream, s.device->CreateStream("engine-compute"));
-  STRATA_ASSIGN_OR_RETURN(s.ops, zero::CreateDeviceOps(*s.device, s.compute_stream));
-  STRATA_RETURN_IF_ERROR(s.Init(init));
+  return impl;
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, ModelDecl model, const ParamInit& init,
+                                               const EngineResources& res) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, Impl::Make(config, std::move(model), res));
+  STRATA_RETURN_IF_ERROR(impl->Init(init));
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
+Result<EngineLayoutInfo> Engine::Plan(const Config& config, ModelDecl model, const EngineResources& res) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, Impl::Make(config, std::move(model), res));
+  Impl::MemoryPlan plan;
+  STRATA_RETURN_IF_ERROR(impl->PlanLayout(plan));
+  return impl->info;
+}
+
 Status Engine::Impl::Init(const ParamInit& init) {
+  STRATA_ASSIGN_OR_RETURN(h2d, device->CreateStream("engine-h2d"));
+  STRATA_ASSIGN_OR_RETURN(d2h, device->CreateStream("engine-d2h"));
+  STRATA_ASSIGN_OR_RETURN(compute_stream, device->CreateStream("engine-compute"));
+  STRATA_ASSIGN_OR_RETURN(ops, zero::CreateDeviceOps(*device, compute_stream));
   STRATA_RETURN_IF_ERROR(AllocateMemory());
   return InitParams(init);
 }
@@ -257,15 +277,19 @@ Result<uint64_t> Engine::Impl::LeastOverRanks(uint64_t v) {
   return *std::min_element(all.begin(), all.end());
 }
 
-Status Engine::Impl::AllocateMemory() {
+Status Engine::Impl::PlanLayout(MemoryPlan& plan) {
   const zero::Layout& l = layout;
   info.num_params = l.num_params;
   info.chunk_elems = l.chunk_elems;
   info.num_chunks = l.num_chunks;
   info.shard_elems = l.shard_elems;
-  MemoryPlan plan;
   STRATA_RETURN_IF_ERROR(PlanMemory(plan));
   PlanExtras(plan);
+  info.need_parts.clear();
+  for (const zero::TierNeed* t : {&plan.device, &plan.host, &plan.nvme}) {
+    for (const zero::NeedPart& part : t->parts)
+      info.need_parts.push_back({std::string(zero::TierName(t->tier)), part.what, part.bytes});
+  }
   info.gradients_on_nvme = grad_tier == ZeroTier::kNvme;
   info.optimizer_pieces = opt_tier == ZeroTier::kNvme ? pieces : 1;
   info.optimizer_piece_elems = opt_tier == ZeroTier::kNvme ? piece_elems : 0;
@@ -285,6 +309,12 @@ Status Engine::Impl::AllocateMemory() {
                                << " chunks kept from forward to backward, " << info.carried_chunks
                                << " carried between micro-batches)"
                                << (grad_tier == ZeroTier::kNvme ? "; gradients on NVMe" : "");
+  return OkStatus();
+}
+
+Status Engine::Impl::AllocateMemory() {
+  MemoryPlan plan;
+  STRATA_RETURN_IF_ERROR(PlanLayout(plan));
   if (info.host_need > 0 && arena == nullptr) {
     HostArenaOptions ao;
     ao.bytes = info.host_need;

@@ -375,6 +375,10 @@ struct Engine::Impl {
   std::atomic<int64_t> opt_busy_ns{0}, comm_busy_ns{0}, io_busy_ns{0};
 
   // --- engine.cc ---
+  // Checks the config against the model and lays it out; creates and allocates nothing
+  // (Init makes the streams, the device ops and the memory).
+  static Result<std::unique_ptr<Impl>> Make(const Config& config, ModelDecl model,
+                                            const EngineResources& res);
   Status Init(const ParamInit& init);
   // Plans every tier, refuses (OutOfBudget) before allocating anything or creating any
   // file when a tier cannot hold the fixed part, then allocates and opens the stores.
@@ -383,6 +387,10 @@ struct Engine::Impl {
   // and the parameter tier (one per worker that may hold one at a time, plus one).
   static constexpr int kParamStaging = 3;
   // What AllocateMemory plans before it allocates.
+  struct MemoryPlan;
+  // Fills `plan` and info: every tier's need, checked against its budget (OutOfBudget
+  // before anything exists), and the optional parts the budgets leave room for.
+  Status PlanLayout(MemoryPlan& plan);
   struct MemoryPlan {
     // The fixed part of each tier's need.
     zero::TierNeed device{ZeroTier::kDevice, {}}, host{ZeroTier::kHost, {}}, nvme{ZeroTier::kNvme, {}};

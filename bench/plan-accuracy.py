@@ -1,0 +1,154 @@
+#!/usr/bin/python3
+"""How well `strata plan` predicts: every configuration it says fits, run by `strata bench step`.
+
+For each model (two MLP sizes by default) the plan is made once (rates measured and saved
+as a profile), then each configuration that fits is run with `strata bench step --json`
+under the same budgets, which measures its overlapped and its serial step
+(strata.overlap false): the one the plan chose against the plan's prediction, and the
+other way too, the planned host and device needs against the
+measured high-water marks, and the planned NVMe bytes against the counted ones.
+
+Usage: bench/plan-accuracy.py [--swap DIR] [--steps N] [--out DIR] [--png FILE]
+Prints a Markdown table and the summary (median and largest absolute error, the first
+choice against the fastest measured); --out keeps the JSON reports, --png draws predicted
+against measured (needs python3-matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+MODELS = [
+    ["--params", "20M", "--depth", "4", "--micro-batch", "32", "--device-budget", "1GiB", "--host-budget", "2GiB"],
+    ["--params", "100M", "--depth", "8", "--micro-batch", "16", "--device-budget", "2GiB",
+     "--host-budget", "3GiB"],
+]
+
+
+def run_json(cmd: list[str]) -> dict:
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def flags_of(c: dict) -> list[str]:
+    f = ["--stage", str(c["stage"])]
+    if c["stage"] > 0:
+        f += ["--offload-optimizer", c["offload_optimizer"]]
+    if c["stage"] == 3:
+        f += ["--offload-param", c["offload_param"]]
+    return f
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--strata", default=os.environ.get("STRATA", "build/src/strata"))
+    ap.add_argument("--swap", default=os.path.join(tempfile.gettempdir(), "strata-swap"))
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--png", default="")
+    a = ap.parse_args()
+    out = a.out or tempfile.mkdtemp()
+    os.makedirs(out, exist_ok=True)
+    rows = []
+    for mi, model in enumerate(MODELS):
+        profile = os.path.join(out, f"profile{mi}.json")
+        plan = run_json([a.strata, "plan", *model, "--nvme-path", a.swap, "--json", "--save-profile", profile])
+        json.dump(plan, open(os.path.join(out, f"plan{mi}.json"), "w"), indent=1)
+        fits = [c for c in plan["candidates"] if c["fits"]]
+        for ci, c in enumerate(fits):
+            cmd = [a.strata, "bench", "step", *model, *flags_of(c), "--nvme-path", a.swap,
+                   "--steps", str(a.steps), "--json"]
+            r = run_json(cmd)
+            json.dump(r, open(os.path.join(out, f"run{mi}-{ci}.json"), "w"), indent=1)
+            run, serial = r["run"], r.get("serial_run", {})
+            t = c["time"]
+            on = c["overlap"]  # the plan's choice; bench step measures both ways
+            rows.append({
+                "model": model[1], "name": c["name"], "rank": ci + 1, "overlap": on,
+                "pred": c["predicted_step_s"], "meas": run["step_s"] if on else serial["step_s"],
+                "pred_other": t["serial_s"] if on else t["overlapped_s"],
+                "meas_other": serial["step_s"] if on else run["step_s"],
+                "host_plan": c["memory"]["host"], "host_meas": run["high_water"]["host"],
+                "dev_plan": c["memory"]["device"], "dev_meas": run["high_water"]["device"],
+                "rss": run.get("peak_rss_bytes", 0),
+                "nvme_plan": c["work"]["nvme_read_bytes"] + c["work"]["nvme_write_bytes"],
+                "nvme_meas": run["bytes"]["nvme_read"] + run["bytes"]["nvme_write"],
+                "copy_plan": c["work"]["copy_bytes"], "copy_meas": run["bytes"]["h2d"] + run["bytes"]["d2h"],
+                "comm_plan": c["work"]["comm_bytes"], "comm_meas": run["bytes"]["collectives"],
+            })
+            x = rows[-1]
+            print(f"{x['model']} {x['name']}: overlap {'on' if on else 'off'}: predicted {x['pred']*1e3:.0f} ms, "
+                  f"measured {x['meas']*1e3:.0f} ms; the other way {x['pred_other']*1e3:.0f} / "
+                  f"{x['meas_other']*1e3:.0f} ms", file=sys.stderr, flush=True)
+    report(rows)
+    json.dump(rows, open(os.path.join(out, "rows.json"), "w"), indent=1)
+    if a.png:
+        draw(rows, a.png)
+    return 0
+
+
+def err(p: float, m: float) -> float:
+    return (p - m) / m
+
+
+def mib(b: float) -> str:
+    return f"{b / 2**20:.0f}"
+
+
+def report(rows: list[dict]) -> None:
+    print("| model | configuration | plan rank | overlap | predicted | measured | error | other way pred / meas | "
+          "host plan / peak MiB | device plan / peak MiB | NVMe plan / counted MiB | copies plan / counted MiB | "
+          "collectives plan / counted MiB | peak RSS MiB |")
+    print("|" + "---|" * 14)
+    for x in rows:
+        print(f"| {x['model']} | {x['name']} | {x['rank']} | {'on' if x['overlap'] else 'off'} | "
+              f"{x['pred']*1e3:.0f} ms | {x['meas']*1e3:.0f} ms | {err(x['pred'], x['meas']):+.0%} | "
+              f"{x['pred_other']*1e3:.0f} / {x['meas_other']*1e3:.0f} ms | "
+              f"{mib(x['host_plan'])} / {mib(x['host_meas'])} | {mib(x['dev_plan'])} / {mib(x['dev_meas'])} | "
+              f"{mib(x['nvme_plan'])} / {mib(x['nvme_meas'])} | {mib(x['copy_plan'])} / {mib(x['copy_meas'])} | "
+              f"{mib(x['comm_plan'])} / {mib(x['comm_meas'])} | {mib(x['rss'])} |")
+    errs = [abs(err(x["pred"], x["meas"])) for x in rows]
+    oerr = [abs(err(x["pred_other"], x["meas_other"])) for x in rows]
+    print(f"\npoints: {len(rows)}; the plan's choice of overlap: median |error| {statistics.median(errs):.0%}, "
+          f"largest {max(errs):.0%}; the other way: median {statistics.median(oerr):.0%}, largest {max(oerr):.0%}")
+    under = [x for x in rows if x["host_plan"] < x["host_meas"] or x["dev_plan"] < x["dev_meas"]]
+    print(f"plans below a measured peak (host or device): {len(under)}"
+          + "".join(f"\n  {x['model']} {x['name']}" for x in under))
+    for model in sorted({x["model"] for x in rows}):
+        mine = [x for x in rows if x["model"] == model]
+        first = min(mine, key=lambda x: x["rank"])
+        fastest = min(mine, key=lambda x: x["meas"])
+        print(f"{model}: first choice {first['name']} measured {first['meas']*1e3:.0f} ms; fastest measured "
+              f"{fastest['name']} {fastest['meas']*1e3:.0f} ms ({first['meas']/fastest['meas']-1:+.0%})")
+
+
+def draw(rows: list[dict], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 6))
+    for model, mark in zip(sorted({x["model"] for x in rows}), "os^"):
+        mine = [x for x in rows if x["model"] == model]
+        ax.scatter([x["meas"] * 1e3 for x in mine], [x["pred"] * 1e3 for x in mine], marker=mark,
+                   label=f"{model}, the plan's overlap choice")
+        ax.scatter([x["meas_other"] * 1e3 for x in mine], [x["pred_other"] * 1e3 for x in mine], marker=mark,
+                   facecolors="none", edgecolors="grey", label=f"{model}, the other way")
+    top = max(max(x["meas"], x["pred"], x["meas_other"], x["pred_other"]) for x in rows) * 1e3 * 1.1
+    ax.plot([0, top], [0, top], "k-", lw=0.8)
+    ax.plot([0, top], [0, top * 1.25], "k:", lw=0.6)
+    ax.plot([0, top], [0, top * 0.75], "k:", lw=0.6)
+    ax.set_xlabel("measured step (ms)")
+    ax.set_ylabel("predicted step (ms)")
+    ax.set_title("strata plan: predicted against measured (dotted: ±25%)")
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+#include "cli/auto_plan.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "cli/plan_text.h"
+#include "strata/units.h"
+#include "tools/planner.h"
+
+namespace strata::cli {
+namespace {
+
+// What rank 0 sends: how its plan went, and the choice.
+struct Choice {
+  float outcome = 0;  // 0: planned, 1: nothing fits, 2: planning failed
+  float stage = 0, opt = 0, param = 0, overlap = 0;
+};
+
+std::string Describe(const tools::PlanCandidate& c) {
+  return c.name + ", overlap " + (c.config.strata.overlap ? "on" : "off") + ": " +
+         FormatSeconds(c.predicted_s) + " a step (waits on " + c.critical_lane + ")";
+}
+
+// Rank 0's plan; prints it, or sets `failure` to why there is no choice.
+Choice PlanOnRankZero(const Prepared& p, Status* failure) {
+  tools::PlanRequest r;
+  r.base = p.config;
+  r.model = p.model;
+  r.world_size = p.world->size();
+  r.micro_batch = p.config.train_micro_batch_size_per_gpu;
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<tools::LaneRates> rates = tools::MeasurePlanRates(r);
+  Result<std::vector<tools::PlanCandidate>> all = rates.status();
+  if (rates.ok()) {
+    r.rates = *rates;
+    all = tools::PlanConfigurations(r);
+  }
+  if (!all.ok()) {
+    *failure = all.status().WithContext("--config auto");
+    return {2};
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const tools::PlanCandidate& best = all->front();
+  if (!best.fits) {
+    std::string why;
+    for (const tools::PlanCandidate& c : *all)
+      if (c.valid) why += "\n  " + c.name + ": " + RefusalSummary(c.refusal);
+    *failure = OutOfBudgetError("--config auto: no configuration fits the budgets:" + why);
+    return {1};
+  }
+  int fitting = 0;
+  for (const tools::PlanCandidate& c : *all) fitting += c.fits;
+  std::fprintf(stderr,
+               "strata: --config auto: %s, the fastest of %d configurations that fit (planned in %.1f s)\n",
+               Describe(best).c_str(), fitting, took);
+  for (size_t i = 1; i < all->size() && i < 3 && (*all)[i].fits; ++i)
+    std::fprintf(stderr, "strata:   next: %s\n", Describe((*all)[i]).c_str());
+  std::fprintf(stderr, "strata:   the same as %s; `strata plan` shows every configuration\n",
+               ChoiceFlags(best.config).c_str());
+  return {0, static_cast<float>(best.config.zero.stage),
+          static_cast<float>(best.config.zero.offload_optimizer.device),
+          static_cast<float>(best.config.zero.offload_param.device),
+          best.config.strata.overlap ? 1.0f : 0.0f};
+}
+
+}  // namespace
+
+void ApplyAutoPlan(Prepared* p, std::map<std::string, std::string>* origin) {
+  Choice c;
+  Status failure;
+  if (p->world->rank() == 0) c = PlanOnRankZero(*p, &failure);
+  // Small integers, exact in fp32; every rank then makes the same config from them.
+  ThrowIfError(p->world->Broadcast(&c, sizeof(Choice) / sizeof(float), DType::kF32, 0).Wait());
+  if (c.outcome != 0) {
+    if (p->world->rank() == 0) throw CliError(failure);
+    throw CliError(AbortedError("--config auto: rank 0 could not plan this run (it says why)"));
+  }
+  const Config chosen = tools::CandidateConfig(p->config, static_cast<int>(c.stage),
+                                               static_cast<OffloadDevice>(static_cast<int>(c.opt)),
+                                               static_cast<OffloadDevice>(static_cast<int>(c.param)));
+  p->config = chosen;
+  p->config.strata.overlap = c.overlap != 0;
+  (*origin)["zero_optimization.stage"] = "--config auto: strata plan's first choice";
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,223 @@
+// `strata plan`: before a run, which stage and offload configurations of a model fit the
+// budgets, where each byte goes, and how long each step should take (tools/planner.h).
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "cli/plan_text.h"
+#include "cli/table.h"
+#include "cli/train_flags.h"
+#include "strata/units.h"
+#include "tools/planner.h"
+
+namespace strata::cli {
+
+std::string RefusalSummary(std::string s) {
+  if (s.rfind("engine: ", 0) == 0) s.erase(0, 8);
+  const size_t needs = s.find("it needs ");
+  const size_t open = needs == std::string::npos ? needs : s.find(" (", needs);
+  if (open != std::string::npos) {
+    int depth = 0;
+    for (size_t i = open + 1; i < s.size(); ++i) {
+      depth += s[i] == '(' ? 1 : s[i] == ')' ? -1 : 0;
+      if (depth == 0) {
+        s.erase(open, i + 1 - open);
+        break;
+      }
+    }
+  }
+  // What binds, and the largest model that fits.
+  size_t end = s.find(". ");
+  if (end != std::string::npos) end = s.find(". ", end + 2);
+  return end == std::string::npos ? s : s.substr(0, end + 1);
+}
+
+std::string ChoiceFlags(const Config& c) {
+  std::string s = "--stage " + std::to_string(c.zero.stage);
+  if (c.zero.stage > 0)
+    s += " --offload-optimizer " + std::string(OffloadDeviceName(c.zero.offload_optimizer.device));
+  if (c.zero.stage == 3)
+    s += " --offload-param " + std::string(OffloadDeviceName(c.zero.offload_param.device));
+  if (!c.strata.overlap) s += " --no-overlap";
+  return s;
+}
+
+namespace {
+
+struct PlanFlags {
+  TrainFlags train;
+  int world_size = 1;
+  std::string profile, save_profile;
+  bool measure = false;
+};
+
+Result<tools::LaneRates> LoadProfile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFoundError("--profile " + path + ": cannot be opened (" + std::strerror(errno) + ")");
+  try {
+    Result<tools::LaneRates> r = tools::RatesFromJson(nlohmann::json::parse(in));
+    if (!r.ok()) return r.status().WithContext("--profile " + path);
+    for (double v : {r->compute_flops_per_s, r->device_optimizer.optimizer_params_per_s,
+                     r->host_optimizer.optimizer_params_per_s, r->nvme_optimizer.optimizer_params_per_s}) {
+      if (v > 0) continue;
+      return InvalidArgumentError(
+          "--profile " + path +
+          ": it has no compute rate or engine calibration (a bench step report's rates are the probes "
+          "only); write a whole profile with `strata plan --save-profile FILE`");
+    }
+    return r;
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgumentError("--profile " + path + ": not valid JSON: " + e.what());
+  }
+}
+
+std::string RatesLine(const tools::LaneRates& r) {
+  auto engine = [](const char* where, const tools::EngineRates& e) {
+    return std::string(where) + " optimizer " + FormatDouble("%.0f", e.optimizer_params_per_s / 1e6) +
+           " Mparams/s + " + FormatDouble("%.2f", e.other_s_per_param * 1e9) + " ns/param, overlap x" +
+           FormatDouble("%.2f", e.overlap_factor) + "; ";
+  };
+  return "compute " + FormatDouble("%.1f", r.compute_flops_per_s / 1e9) + " GFLOP/s; " +
+         engine("device", r.device_optimizer) + engine("host", r.host_optimizer) +
+         engine("NVMe", r.nvme_optimizer) + "Adam alone " + FormatDouble("%.0f", r.adam_params_per_s / 1e6) +
+         " Mparams/s, copies " + FormatDouble("%.1f", r.copy_bytes_per_s / 1e9) + " GB/s, NVMe read " +
+         FormatDouble("%.2f", r.nvme_read_bytes_per_s / 1e9) + " / write " +
+         FormatDouble("%.2f", r.nvme_write_bytes_per_s / 1e9) + " / mixed " +
+         FormatDouble("%.2f", r.nvme_mixed_bytes_per_s / 1e9) + " GB/s";
+}
+
+std::string Report(const tools::PlanRequest& r, const std::vector<tools::PlanCandidate>& all,
+                   const std::string& rates_from) {
+  std::string out = "plan: MLP of " + FormatCount(static_cast<double>(model::MlpParameterCount(r.model))) +
+                    " parameters (" + std::to_string(r.model.hidden.size()) + " hidden layers of " +
+                    std::to_string(r.model.hidden.empty() ? 0 : r.model.hidden.front()) + "), micro-batch " +
+                    std::to_string(r.micro_batch) + " x " +
+                    std::to_string(r.base.gradient_accumulation_steps) + " accumulation, " +
+                    std::to_string(r.world_size) + (r.world_size == 1 ? " rank" : " ranks") + ", overlap " +
+                    (r.base.strata.overlap ? "on" : "off") + "\n";
+  out += "rates (" + rates_from + "): " + RatesLine(r.rates) + "\n\n";
+  Table t({"#", "configuration", "device", "pinned host", "NVMe", "resident", "overlap", "step", "waits on"});
+  int n = 0;
+  for (const tools::PlanCandidate& c : all) {
+    if (!c.fits) continue;
+    const EngineLayoutInfo& l = c.layout;
+    const std::string resident =
+        c.config.zero.offload_optimizer.device == OffloadDevice::kNvme
+            ? std::to_string(l.optimizer_resident_chunks) + "/" + std::to_string(l.num_chunks)
+            : "-";
+    t.AddRow({std::to_string(++n), c.name, FormatBytes(l.device_need), FormatBytes(l.host_need),
+              FormatBytes(l.nvme_need), resident, c.config.strata.overlap ? "on" : "off",
+              FormatSeconds(c.predicted_s), c.critical_lane});
+  }
+  out += n > 0 ? t.Render() : "no configuration fits the budgets\n";
+  bool header = false;
+  for (const tools::PlanCandidate& c : all) {
+    if (c.fits || !c.valid) continue;
+    if (!header) out += "\ndoes not fit:\n", header = true;
+    out += "  " + c.name + ": " + RefusalSummary(c.refusal) + "\n";
+  }
+  if (n > 0) {
+    const tools::PlanCandidate& best = all.front();
+    out += "\nfirst choice: " + best.name + " (" + ChoiceFlags(best.config) + "), " +
+           FormatSeconds(best.predicted_s) + " a step\n";
+    for (const EngineNeedPart& p : best.layout.need_parts)
+      out += "  " + p.tier + ": " + FormatBytes(p.bytes) + "  " + p.what + "\n";
+    out +=
+        "  (each tier's total above also holds what its budget leaves room for: spares, staging depth, "
+        "resident chunks, gather buffers)\n";
+  }
+  return out;
+}
+
+Status CheckFlags(const PlanFlags& f) {
+  if (f.measure && !f.profile.empty())
+    return InvalidArgumentError("--measure and --profile: give one (the rates are measured or read)");
+  for (auto [flag, v] : {std::pair{"--world-size", std::optional<int64_t>(f.world_size)},
+                         {"--depth", std::optional<int64_t>(f.train.depth)},
+                         {"--micro-batch", f.train.micro_batch},
+                         {"--gradient-accumulation-steps", f.train.accumulation}}) {
+    if (v && *v < 1)
+      return InvalidArgumentError(std::string(flag) + " " + std::to_string(*v) + ": must be at least 1");
+  }
+  return CheckModelFlags(f.train);
+}
+
+void Run(PlanFlags& f) {
+  ThrowIfError(CheckFlags(f));
+  std::map<std::string, std::string> origin;
+  auto config = BuildConfig(f.train, &origin);
+  ThrowIfError(config.status());
+  // Where an NVMe plane would swap: --nvme-path when given (over the config's
+  // swap_paths, as every flag over its key), else the config's, else the default.
+  if (f.train.nvme_path) {
+    config->strata.swap_paths = {*f.train.nvme_path};
+  } else if (config->strata.swap_paths.empty()) {
+    config->strata.swap_paths = {DefaultSwapDir()};
+  }
+  ThrowIfError(ResolveBatchSizes(&*config, f.world_size, kDefaultMicroBatch));
+  auto spec = BuildModel(f.train, config->seed);
+  ThrowIfError(spec.status());
+  tools::PlanRequest r;
+  r.base = *config;
+  r.model = *spec;
+  r.world_size = f.world_size;
+  r.micro_batch = config->train_micro_batch_size_per_gpu;
+  Result<tools::LaneRates> rates = f.profile.empty() ? tools::MeasurePlanRates(r) : LoadProfile(f.profile);
+  ThrowIfError(rates.status());
+  r.rates = *rates;
+  if (!f.save_profile.empty()) {
+    std::ofstream out(f.save_profile);
+    out << tools::RatesToJson(r.rates).dump(2) << "\n";
+    if (!out) {
+      throw CliError(IoError("--save-profile " + f.save_profile + ": cannot be written (" +
+                             std::strerror(errno) + "); give a path in a writable directory"));
+    }
+  }
+  auto all = tools::PlanConfigurations(r);
+  ThrowIfError(all.status());
+  if (f.train.json) {
+    nlohmann::json j = {{"world_size", f.world_size},
+                        {"params", model::MlpParameterCount(r.model)},
+                        {"micro_batch", r.micro_batch},
+                        {"rates", tools::RatesToJson(r.rates)},
+                        {"candidates", nlohmann::json::array()}};
+    for (const tools::PlanCandidate& c : *all) j["candidates"].push_back(tools::ToJson(c));
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+  std::cout << Report(r, *all, f.profile.empty() ? "measured now" : "profile " + f.profile);
+}
+
+}  // namespace
+
+void AddPlanCommand(CLI::App& app) {
+  auto* f = new PlanFlags;
+  auto* cmd = app.add_subcommand(
+      "plan",
+      "which ZeRO stage and offloads fit the budgets, the memory of each tier and the predicted step, "
+      "fastest first");
+  TrainFlags& t = f->train;
+  cmd->add_option("--config", t.config_path,
+                  "JSON config (DeepSpeed keys); the plan varies stage and offloads");
+  t.mlp_options = {cmd->add_option("--params", t.params, "MLP parameter count")->capture_default_str(),
+                   cmd->add_option("--depth", t.depth, "MLP hidden layers")->capture_default_str()};
+  cmd->add_option("--world-size", f->world_size, "ranks to plan for")->capture_default_str();
+  cmd->add_option("--micro-batch", t.micro_batch, "train_micro_batch_size_per_gpu (default 32)");
+  cmd->add_option("--gradient-accumulation-steps", t.accumulation, "gradient_accumulation_steps");
+  cmd->add_option("--nvme-path", t.nvme_path, "swap directory (default $TMPDIR/strata-swap)");
+  cmd->add_option("--device-budget", t.device_budget, "strata.device_budget, e.g. 2GiB");
+  cmd->add_option("--host-budget", t.host_budget, "strata.host_budget, e.g. 4GiB");
+  cmd->add_option("--chunk-size", t.chunk_size, "strata.chunk_size (default 16MiB)");
+  cmd->add_flag("--no-overlap", t.no_overlap, "strata.overlap false");
+  cmd->add_flag("--measure", f->measure, "measure the rates on this machine (the default without --profile)");
+  cmd->add_option("--profile", f->profile, "lane rates from a file written by --save-profile");
+  cmd->add_option("--save-profile", f->save_profile, "write the rates used to this file");
+  cmd->add_flag("--json", t.json, "print the plan as JSON");
+  cmd->callback([f] { Run(*f); });
+}
+
+}  // namespace strata::cli

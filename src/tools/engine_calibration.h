@@ -1,0 +1,31 @@
+// What `strata plan --measure` learns from the engine itself: a few real steps of the
+// model cut to its first hidden layers (up to four, about 48M parameters at most; the
+// model's width, micro-batch and dtype), serial and overlapped, with the optimizer on the
+// device (stage 0), on the host (stage 1, optimizer on the CPU) and on NVMe (stage 3,
+// every chunk's state resident in pinned memory, so the disk is left to the probe).
+//
+// The probes of step_model.h time each lane alone at its peak; a real step adds what no
+// probe sees (the gradient statistics, the loss scaler's checks, the hooks, the data) and,
+// on the sim device, its lanes share two cores. The calibration measures those per
+// element the optimizer steps, so that the plan predicts the step the engine will take,
+// not its bound.
+#pragma once
+
+#include "strata/config.h"
+#include "strata/mlp.h"
+#include "strata/status.h"
+#include "tools/step_model.h"
+
+namespace strata::tools {
+
+// Fills rates->compute_flops_per_s, device_optimizer, host_optimizer and
+// nvme_optimizer; reads
+// rates->copy_bytes_per_s (the probe's) to take the host path's copies out of its rest.
+// Runs 1 + `steps` steps per variant in this process (a world of one rank, the base
+// config's device and budgets; a variant those budgets cannot hold runs under the
+// device's capacity and the derived host budget instead). InvalidArgument for an
+// invalid spec or micro_batch < 1; the engine's errors, with what was being calibrated.
+Status CalibrateEngine(const Config& base, const model::MlpSpec& spec, int64_t micro_batch, LaneRates* rates,
+                       int steps = 4);
+
+}  // namespace strata::tools

@@ -1,0 +1,153 @@
+#include "tools/planner.h"
+
+#include <algorithm>
+
+#include "strata/device.h"
+#include "tools/engine_calibration.h"
+#include "tools/mirror_world.h"
+#include "tools/step_traffic.h"
+
+namespace strata::tools {
+namespace {
+
+struct Combo {
+  int stage;
+  OffloadDevice opt, param;
+};
+
+std::vector<Combo> Combos(bool with_nvme) {
+  std::vector<Combo> out;
+  const OffloadDevice none = OffloadDevice::kNone, cpu = OffloadDevice::kCpu, nvme = OffloadDevice::kNvme;
+  out.push_back({0, none, none});
+  for (int stage : {1, 2}) {
+    for (OffloadDevice opt : {none, cpu}) out.push_back({stage, opt, none});
+  }
+  for (OffloadDevice opt : {none, cpu, nvme}) {
+    for (OffloadDevice param : {none, cpu, nvme}) {
+      if (!with_nvme && (opt == nvme || param == nvme)) continue;
+      out.push_back({3, opt, param});
+    }
+  }
+  return out;
+}
+
+std::string ComboName(const Combo& c) {
+  std::string s = "stage " + std::to_string(c.stage) + ", optimizer " + std::string(OffloadDeviceName(c.opt));
+  if (c.stage == 3) s += ", params " + std::string(OffloadDeviceName(c.param));
+  return s;
+}
+
+bool Faster(const PlanCandidate& a, const PlanCandidate& b) {
+  if (a.valid != b.valid) return a.valid;
+  if (a.fits != b.fits) return a.fits;
+  return a.predicted_s < b.predicted_s;
+}
+
+}  // namespace
+
+Config CandidateConfig(const Config& base, int stage, OffloadDevice opt, OffloadDevice param) {
+  Config c = base;
+  c.strata.plan = "off";  // this is the plan
+  c.zero.stage = stage;
+  c.zero.offload_optimizer.device = opt;
+  c.zero.offload_param.device = param;
+  // An NVMe plane swaps where the base config's swap paths say (as train requires them).
+  for (OffloadConfig* o : {&c.zero.offload_optimizer, &c.zero.offload_param}) {
+    if (o->device == OffloadDevice::kNvme && o->nvme_path.empty()) o->nvme_path = SwapPaths(base, *o);
+  }
+  return c;
+}
+
+Result<LaneRates> MeasurePlanRates(const PlanRequest& r) {
+  if (r.world_size < 1) return InvalidArgumentError("plan: the world size must be at least 1");
+  const std::vector<std::string>& paths = SwapPaths(r.base, r.base.zero.offload_optimizer);
+  const int64_t adam = std::min<int64_t>(model::MlpParameterCount(r.model) / r.world_size, 16 << 20);
+  STRATA_ASSIGN_OR_RETURN(LaneRates rates, MeasureLaneRates(paths.empty() ? "" : paths.front(), adam));
+  STRATA_RETURN_IF_ERROR(CalibrateEngine(r.base, r.model, r.micro_batch, &rates));
+  return rates;
+}
+
+Result<std::vector<PlanCandidate>> PlanConfigurations(const PlanRequest& r) {
+  if (r.micro_batch < 1) return InvalidArgumentError("plan: the micro-batch must be at least 1");
+  STRATA_RETURN_IF_ERROR(model::ValidateSpec(r.model));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, CreateMirrorWorld(r.world_size));
+  DeviceOptions dopt;
+  dopt.kind = r.base.strata.device;
+  dopt.index = r.base.strata.device_index;
+  dopt.capacity = r.base.strata.device_budget;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(dopt));
+  const bool shared_cpu = device->kind() != DeviceKind::kCuda;
+  const bool with_nvme = !SwapPaths(r.base, r.base.zero.offload_optimizer).empty();
+  const double params = static_cast<double>(model::MlpParameterCount(r.model));
+  std::vector<PlanCandidate> out;
+  for (const Combo& k : Combos(with_nvme)) {
+    PlanCandidate p;
+    p.name = ComboName(k);
+    p.config = CandidateConfig(r.base, k.stage, k.opt, k.param);
+    Result<EngineLayoutInfo> plan =
+        Engine::Plan(p.config, model::MlpModules(r.model), EngineResources{world.get(), device.get()});
+    if (!plan.ok() && plan.status().code() != StatusCode::kOutOfBudget &&
+        plan.status().code() != StatusCode::kInvalidArgument) {
+      return plan.status().WithContext("planning " + p.name);
+    }
+    if (!plan.ok()) {
+      // InvalidArgument: a key of the base config that this combination cannot honour
+      // (strata.optimizer_resident without an NVMe optimizer, say), named in the text.
+      p.valid = plan.status().code() == StatusCode::kOutOfBudget;
+      p.refusal = plan.status().message();
+      out.push_back(std::move(p));
+      continue;
+    }
+    p.fits = true;
+    p.layout = *plan;
+    p.work = PredictTraffic(p.config, r.world_size, p.layout);
+    p.work.compute_s = PredictComputeSeconds(params, r.micro_batch, p.config.gradient_accumulation_steps,
+                                             r.rates.compute_flops_per_s);
+    p.time = PredictPlanTime(r.rates, p.work, shared_cpu, k.opt);
+    p.config.strata.overlap = p.config.strata.overlap && p.time.overlapped_s <= p.time.serial_s;
+    p.predicted_s = p.config.strata.overlap ? p.time.overlapped_s : p.time.serial_s;
+    p.critical_lane = p.config.strata.overlap ? p.time.critical : "serial";
+    out.push_back(std::move(p));
+  }
+  std::stable_sort(out.begin(), out.end(), Faster);
+  return out;
+}
+
+nlohmann::json ToJson(const PlanCandidate& c) {
+  nlohmann::json j = {{"name", c.name},
+                      {"stage", c.config.zero.stage},
+                      {"offload_optimizer", OffloadDeviceName(c.config.zero.offload_optimizer.device)},
+                      {"offload_param", OffloadDeviceName(c.config.zero.offload_param.device)},
+                      {"valid", c.valid},
+                      {"fits", c.fits}};
+  if (!c.fits) {
+    j["refusal"] = c.refusal;
+    return j;
+  }
+  const EngineLayoutInfo& l = c.layout;
+  nlohmann::json parts = nlohmann::json::array();
+  for (const EngineNeedPart& p : l.need_parts)
+    parts.push_back({{"tier", p.tier}, {"what", p.what}, {"bytes", p.bytes}});
+  j["memory"] = {
+      {"device", l.device_need}, {"host", l.host_need}, {"nvme", l.nvme_need}, {"fixed_parts", parts}};
+  j["layout"] = {{"params", l.num_params},
+                 {"chunks", l.num_chunks},
+                 {"chunk_elems", l.chunk_elems},
+                 {"optimizer_resident_chunks", l.optimizer_resident_chunks},
+                 {"kept_chunks", l.kept_chunks},
+                 {"gradients_on_nvme", l.gradients_on_nvme},
+                 {"params_in_optimizer_state", l.params_in_optimizer_state}};
+  j["work"] = {{"compute_s", c.work.compute_s},
+               {"adam_params", c.work.adam_params},
+               {"copy_bytes", c.work.copy_bytes},
+               {"comm_bytes", c.work.comm_bytes},
+               {"nvme_read_bytes", c.work.nvme_read_bytes},
+               {"nvme_write_bytes", c.work.nvme_write_bytes}};
+  j["time"] = ToJson(c.time);
+  j["overlap"] = c.config.strata.overlap;
+  j["predicted_step_s"] = c.predicted_s;
+  j["critical_lane"] = c.critical_lane;
+  return j;
+}
+
+}  // namespace strata::tools

@@ -1,0 +1,89 @@
+#include "tools/step_traffic.h"
+
+#include <algorithm>
+
+#include "zero/budget_check.h"
+
+namespace strata::tools {
+namespace {
+
+double Align4K(double bytes) {
+  return static_cast<double>((static_cast<uint64_t>(bytes) + 4095) / 4096 * 4096);
+}
+
+int ComputeBytes(const Config& c) { return c.bf16 || c.fp16.enabled ? 2 : 4; }
+
+// The NVMe optimizer's state of one chunk's shard, as its live pieces are read and
+// written (each piece's master, m and v padded to 4 KiB).
+double StateBytesPerChunk(const EngineLayoutInfo& l, double shard) {
+  if (l.optimizer_pieces <= 0 || l.optimizer_piece_elems <= 0) return Align4K(12.0 * shard);
+  double bytes = 0, left = shard;
+  for (int p = 0; p < l.optimizer_pieces; ++p) {
+    const double elems = std::min<double>(left, static_cast<double>(l.optimizer_piece_elems));
+    bytes += Align4K(12.0 * elems);
+    left -= elems;
+  }
+  // Pieces wholly in padding move nothing; spread over the chunks they belong to.
+  const double padding = static_cast<double>(l.optimizer_padding_pieces) / std::max(l.num_chunks, 1);
+  return bytes * (1.0 - padding / l.optimizer_pieces);
+}
+
+}  // namespace
+
+LaneWork PredictTraffic(const Config& c, int world_size, const EngineLayoutInfo& l) {
+  LaneWork w;
+  const int stage = c.zero.stage;
+  const double chunks = l.num_chunks, chunk = static_cast<double>(l.chunk_elems);
+  const double shard = static_cast<double>(l.shard_elems);
+  const double opt = stage == 0 ? chunk : shard;  // elements this rank's optimizer steps
+  const double cs = ComputeBytes(c), a = std::max(1, c.gradient_accumulation_steps);
+  const OffloadDevice opt_dev = c.zero.offload_optimizer.device;
+  const OffloadDevice par_dev = stage == 3 ? c.zero.offload_param.device : OffloadDevice::kNone;
+  w.adam_params = chunks * opt;
+  // Gradients are reduced after each micro-batch's backward, over the ranks.
+  if (world_size > 1) w.comm_bytes += a * chunks * chunk * 4;
+  if (world_size > 1 && (stage == 1 || stage == 2)) w.comm_bytes += chunks * chunk * cs;
+  double gathers = 0;
+  if (stage == 3) {
+    // Each micro-batch gathers every chunk for the forward and again for the backward,
+    // but for those kept between the two; carried chunks skip the next forward's.
+    gathers = a * (2 * chunks - l.kept_chunks) - (a - 1) * l.carried_chunks;
+    w.comm_bytes += gathers * chunk * cs;
+    if (par_dev != OffloadDevice::kNone) w.copy_bytes += gathers * shard * cs;
+  }
+  if (opt_dev != OffloadDevice::kNone) w.copy_bytes += a * chunks * opt * 4;  // gradient shards to the host
+  // Updated values to the device: from the host optimizer below stage 3; at stage 3
+  // through host staging into a device-resident shard (a host or NVMe tier takes them
+  // without a device copy).
+  if ((stage < 3 && opt_dev != OffloadDevice::kNone) || (stage == 3 && par_dev == OffloadDevice::kNone))
+    w.copy_bytes += chunks * opt * cs;
+  if (opt_dev == OffloadDevice::kNvme) {
+    const double on_disk = chunks - l.optimizer_resident_chunks;
+    w.nvme_read_bytes += on_disk * StateBytesPerChunk(l, opt);
+    w.nvme_write_bytes += on_disk * StateBytesPerChunk(l, opt);
+    if (l.gradients_on_nvme && a > 1) {
+      // Each micro-batch's gradients are written, read back by the next one's to add to,
+      // and by the step; with one micro-batch they go straight to the step. A resident
+      // chunk's gradients wait in host memory.
+      const double slot = Align4K(opt * 4);
+      w.nvme_write_bytes += a * on_disk * slot;
+      w.nvme_read_bytes += a * on_disk * slot;
+    }
+  }
+  if (par_dev == OffloadDevice::kNvme) {
+    // The forward's first gather of a chunk copies the shard the step left in memory.
+    const double from_disk = std::max(0.0, gathers - (opt_dev == OffloadDevice::kNvme ? chunks : 0));
+    const double shard_read = l.params_in_optimizer_state ? shard * 4 : shard * cs;
+    w.nvme_read_bytes += from_disk * shard_read;
+    w.nvme_param_read_bytes = from_disk * shard_read;
+    if (!l.params_in_optimizer_state) w.nvme_write_bytes += chunks * opt * cs;
+  }
+  return w;
+}
+
+double PredictComputeSeconds(double params, int64_t micro_batch, int accumulation, double flops_per_s) {
+  if (flops_per_s <= 0) return 0;
+  return 6.0 * params * static_cast<double>(micro_batch) * std::max(1, accumulation) / flops_per_s;
+}
+
+}  // namespace strata::tools

@@ -1,0 +1,169 @@
+// `strata plan` as a user runs it: a saved profile or measured rates, the text and JSON
+// reports, and the refusals of bad input.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+
+namespace strata {
+namespace {
+
+using testing::CliRun;
+using testing::RunStrata;
+
+class PlanCli : public testing::ScratchDirTest {
+ protected:
+  PlanCli() : ScratchDirTest("strata-plan-cli-") {}
+  std::string Dir() const { return dir_.string(); }
+  std::string Profile() const;
+  std::vector<std::string> Args(std::vector<std::string> more) const;
+};
+
+// Rates as `strata plan --save-profile` writes them, chosen so the test does not depend
+// on this machine's speed.
+std::string PlanCli::Profile() const {
+  const std::string path = Dir() + "/profile.json";
+  nlohmann::json engine = {
+      {"optimizer_params_per_s", 1e9}, {"other_s_per_param", 1e-9}, {"overlap_factor", 1.2}};
+  nlohmann::json j = {
+      {"adam_params_per_s", 2e9},      {"copy_bytes_per_s", 10e9},      {"nvme_read_bytes_per_s", 2e9},
+      {"nvme_write_bytes_per_s", 2e9}, {"nvme_mixed_bytes_per_s", 3e9}, {"compute_flops_per_s", 1e11},
+      {"device_optimizer", engine},    {"host_optimizer", engine},      {"nvme_optimizer", engine}};
+  std::ofstream(path) << j.dump();
+  return path;
+}
+
+std::vector<std::string> PlanCli::Args(std::vector<std::string> more) const {
+  std::vector<std::string> a = {
+      "plan",          "--params",        "2M",    "--depth",       "2",     "--nvme-path",
+      Dir() + "/swap", "--device-budget", "48MiB", "--host-budget", "256MiB"};
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+TEST_F(PlanCli, JsonRanksWhatFitsFastestFirstWithItsMemoryAndTime) {
+  CliRun r = RunStrata(Args({"--profile", Profile(), "--json"}));
+  ASSERT_EQ(r.exit_status, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json& all = j["candidates"];
+  ASSERT_EQ(all.size(), 14u);
+  EXPECT_EQ(j["rates"]["compute_flops_per_s"], 1e11) << "the profile's rates, not measured ones";
+  double last = 0;
+  bool seen_misfit = false;
+  int fits = 0;
+  for (const auto& c : all) {
+    if (!c["fits"]) {
+      seen_misfit = true;
+      EXPECT_FALSE(c["refusal"].get<std::string>().empty()) << c["name"];
+      continue;
+    }
+    ++fits;
+    EXPECT_FALSE(seen_misfit) << "what fits comes first: " << c["name"];
+    EXPECT_GE(c["predicted_step_s"].get<double>(), last) << c["name"];
+    last = c["predicted_step_s"];
+    EXPECT_GT(c["memory"]["device"].get<uint64_t>(), 0u);
+    EXPECT_LE(c["memory"]["device"].get<uint64_t>(), 48ull << 20) << c["name"];
+    EXPECT_LE(c["memory"]["host"].get<uint64_t>(), 256ull << 20) << c["name"];
+  }
+  EXPECT_GT(fits, 0);
+  EXPECT_LT(fits, 14) << "48 MiB of device memory cannot hold the 2M model's state at stage 0";
+  EXPECT_FALSE(std::filesystem::exists(Dir() + "/swap")) << "planning from a profile creates nothing";
+}
+
+TEST_F(PlanCli, TextNamesTheFirstChoiceAndWhyOthersDoNotFit) {
+  CliRun r = RunStrata(Args({"--profile", Profile()}));
+  ASSERT_EQ(r.exit_status, 0) << r.err;
+  EXPECT_NE(r.out.find("first choice: stage"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("does not fit:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the device tier cannot hold this configuration: it needs"), std::string::npos)
+      << r.out;
+}
+
+TEST_F(PlanCli, MeasuresWhenNoProfileIsGivenAndSavesIt) {
+  const std::string saved = Dir() + "/measured.json";
+  CliRun r = RunStrata(Args({"--save-profile", saved, "--json"}));
+  ASSERT_EQ(r.exit_status, 0) << r.err;
+  nlohmann::json rates = nlohmann::json::parse(std::ifstream(saved));
+  EXPECT_GT(rates["compute_flops_per_s"].get<double>(), 0);
+  EXPECT_GT(rates["host_optimizer"]["optimizer_params_per_s"].get<double>(), 0);
+  EXPECT_GT(rates["nvme_read_bytes_per_s"].get<double>(), 0);
+  CliRun again = RunStrata(Args({"--profile", saved, "--json"}));
+  EXPECT_EQ(again.exit_status, 0) << again.err;
+}
+
+TEST_F(PlanCli, BadInputIsRefusedByName) {
+  CliRun both = RunStrata(Args({"--profile", Profile(), "--measure"}));
+  EXPECT_NE(both.exit_status, 0);
+  EXPECT_NE(both.err.find("--measure and --profile"), std::string::npos) << both.err;
+  CliRun missing = RunStrata(Args({"--profile", Dir() + "/nothing.json"}));
+  EXPECT_NE(missing.exit_status, 0);
+  EXPECT_NE(missing.err.find("nothing.json"), std::string::npos) << missing.err;
+  const std::string bad = Dir() + "/bad.json";
+  std::ofstream(bad) << "{\"adam_params_per_s\": 1}";
+  CliRun incomplete = RunStrata(Args({"--profile", bad}));
+  EXPECT_NE(incomplete.exit_status, 0);
+  EXPECT_NE(incomplete.err.find("copy_bytes_per_s"), std::string::npos) << incomplete.err;
+  CliRun ranks = RunStrata(Args({"--profile", Profile(), "--world-size", "0"}));
+  EXPECT_NE(ranks.exit_status, 0);
+  EXPECT_NE(ranks.err.find("--world-size"), std::string::npos) << ranks.err;
+}
+
+std::vector<std::string> TrainArgs(const std::string& dir, std::vector<std::string> more) {
+  std::vector<std::string> a = {
+      "train", "--model",     "mlp",         "--params",        "2M",    "--depth",       "2",     "--steps",
+      "2",     "--nvme-path", dir + "/swap", "--device-budget", "48MiB", "--host-budget", "256MiB"};
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+TEST_F(PlanCli, TrainConfigAutoTrainsWithThePlansFirstChoice) {
+  CliRun r = RunStrata(TrainArgs(Dir(), {"--config", "auto", "--json"}));
+  ASSERT_EQ(r.exit_status, 0) << r.err;
+  EXPECT_NE(r.err.find("--config auto: stage"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("the fastest of"), std::string::npos) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json& c = j["config"];
+  EXPECT_EQ(c["strata"]["plan"], "off") << "resolved before the engine starts";
+  const int stage = c["zero_optimization"]["stage"];
+  const std::string opt = c["zero_optimization"]["offload_optimizer"]["device"];
+  // 48 MiB of device memory holds the 2M model's whole state in no configuration
+  // without an offload (PlanCli.JsonRanks... shows stage 0 refused).
+  EXPECT_FALSE(stage < 3 && opt == "none") << c.dump();
+  std::string chosen = "--config auto: stage " + std::to_string(stage) + ", optimizer " + opt;
+  if (stage == 3)
+    chosen += ", params " + c["zero_optimization"]["offload_param"]["device"].get<std::string>();
+  chosen += std::string(", overlap ") + (c["strata"]["overlap"].get<bool>() ? "on" : "off");
+  EXPECT_NE(r.err.find(chosen), std::string::npos) << r.err << "\nthe run: " << c.dump();
+}
+
+TEST_F(PlanCli, TrainConfigAutoRefusesWhatItWouldOverride) {
+  CliRun stage = RunStrata(TrainArgs(Dir(), {"--config", "auto", "--stage", "2"}));
+  EXPECT_NE(stage.exit_status, 0);
+  EXPECT_NE(stage.err.find("zero_optimization.stage: strata.plan \"auto\""), std::string::npos) << stage.err;
+  CliRun overlap = RunStrata(TrainArgs(Dir(), {"--config", "auto", "--no-overlap"}));
+  EXPECT_NE(overlap.exit_status, 0);
+  EXPECT_NE(overlap.err.find("strata.overlap"), std::string::npos) << overlap.err;
+  CliRun gpt = RunStrata({"train", "--config", "auto", "--steps", "1"});
+  EXPECT_NE(gpt.exit_status, 0);
+  EXPECT_NE(gpt.err.find("planner models the reference MLP only"), std::string::npos) << gpt.err;
+}
+
+TEST_F(PlanCli, TrainConfigAutoSaysWhyNothingFits) {
+  const std::string cfg = Dir() + "/auto.json";
+  std::ofstream(cfg) << R"({"strata": {"plan": "auto", "device_budget": 4096, "host_budget": 4096}})";
+  std::vector<std::string> a = TrainArgs(Dir(), {});
+  a.resize(a.size() - 4);  // without the budget flags
+  a.insert(a.end(), {"--config", cfg});
+  CliRun r = RunStrata(a);
+  EXPECT_NE(r.exit_status, 0);
+  EXPECT_NE(r.err.find("no configuration fits the budgets"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("stage 3, optimizer nvme, params nvme: the"), std::string::npos) << r.err;
+  // The disk probe made the directory and removed its file; no swap file was created.
+  EXPECT_TRUE(std::filesystem::is_empty(Dir() + "/swap")) << "nothing left in the swap directory";
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,304 @@
+// `strata plan`'s parts: the engine's plan without allocation, its budget boundaries, the
+// predicted traffic against a real step's counters, the time arithmetic, the ranking,
+// the mirror world and the saved rates.
+#include "tools/planner.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "strata/device.h"
+#include "tools/mirror_world.h"
+#include "tools/model_engine.h"
+#include "tools/plan_time.h"
+#include "tools/step_traffic.h"
+#include "zero/trainer.h"
+
+namespace strata::tools {
+namespace {
+
+std::string Swap() {
+  static const std::string dir =
+      (std::filesystem::temp_directory_path() / ("strata-plan-test-" + std::to_string(getpid()))).string();
+  return dir;
+}
+
+struct Combo {
+  int stage;
+  const char* opt;
+  const char* param;
+  double resident = 0;  // NVMe optimizer only; -1: "auto"
+  int accumulation = 1;
+};
+
+Config MakeConfig(const Combo& k, const std::string& extra = "") {
+  nlohmann::json j = {{"zero_optimization", {{"stage", k.stage}}},
+                      {"gradient_accumulation_steps", k.accumulation},
+                      {"strata", {{"device", "sim"}, {"chunk_size", "16KiB"}, {"swap_paths", {Swap()}}}}};
+  if (std::string(k.opt) != "none")
+    j["zero_optimization"]["offload_optimizer"] = {{"device", k.opt}, {"nvme_path", Swap()}};
+  if (std::string(k.param) != "none")
+    j["zero_optimization"]["offload_param"] = {{"device", k.param}, {"nvme_path", Swap()}};
+  if (std::string(k.opt) == "nvme")
+    j["strata"]["optimizer_resident"] = k.resident < 0 ? nlohmann::json("auto") : nlohmann::json(k.resident);
+  if (!extra.empty()) j.merge_patch(nlohmann::json::parse(extra));
+  Result<Config> c = ParseConfig(j);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? *c : Config{};
+}
+
+model::MlpSpec Model() {
+  model::MlpSpec m;
+  m.input_dim = 64;
+  m.hidden = {96, 80, 64};
+  m.output_dim = 10;
+  m.seed = 7;
+  return m;
+}
+
+Result<EngineLayoutInfo> Plan(const Config& c, int world_size = 1) {
+  STRATA_ASSIGN_OR_RETURN(auto world, CreateMirrorWorld(world_size));
+  DeviceOptions d;
+  d.kind = DeviceKind::kSim;
+  d.capacity = c.strata.device_budget;
+  STRATA_ASSIGN_OR_RETURN(auto device, CreateDevice(d));
+  return Engine::Plan(c, model::MlpModules(Model()), EngineResources{world.get(), device.get()});
+}
+
+uint64_t FixedNeed(const EngineLayoutInfo& l, const std::string& tier) {
+  uint64_t sum = 0;
+  for (const EngineNeedPart& p : l.need_parts) sum += p.tier == tier ? p.bytes : 0;
+  return sum;
+}
+
+TEST(EnginePlan, IsThePlanTheEngineAllocates) {
+  for (Combo k : {Combo{2, "cpu", "none"}, Combo{3, "cpu", "cpu"}, Combo{3, "nvme", "nvme", -1}}) {
+    const Config c = MakeConfig(k);
+    std::filesystem::remove_all(Swap());
+    Result<EngineLayoutInfo> plan = Plan(c);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_FALSE(std::filesystem::exists(Swap())) << "a plan creates no swap directory or file";
+    auto world = CreateMirrorWorld(1);
+    ASSERT_TRUE(world.ok());
+    Result<ModelEngine> e = CreateMlpEngine(**world, c, Model(), nullptr);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    const EngineLayoutInfo& made = e->engine->layout_info();
+    EXPECT_EQ(plan->device_need, made.device_need) << k.stage << k.opt << k.param;
+    EXPECT_EQ(plan->host_need, made.host_need);
+    EXPECT_EQ(plan->nvme_need, made.nvme_need);
+    EXPECT_EQ(plan->num_chunks, made.num_chunks);
+    EXPECT_EQ(plan->optimizer_resident_chunks, made.optimizer_resident_chunks);
+    EXPECT_EQ(plan->need_parts.size(), made.need_parts.size());
+  }
+}
+
+TEST(EnginePlan, ABudgetAtTheFixedNeedFitsAndOneByteLessDoesNot) {
+  for (const char* tier : {"device", "pinned host"}) {
+    const std::string key = tier[0] == 'd' ? "device_budget" : "host_budget";
+    Result<EngineLayoutInfo> ample = Plan(MakeConfig({3, "cpu", "cpu"}));
+    ASSERT_TRUE(ample.ok()) << ample.status().ToString();
+    const uint64_t need = FixedNeed(*ample, tier);
+    ASSERT_GT(need, 0u) << tier;
+    Result<EngineLayoutInfo> exact =
+        Plan(MakeConfig({3, "cpu", "cpu"}, "{\"strata\": {\"" + key + "\": " + std::to_string(need) + "}}"));
+    EXPECT_TRUE(exact.ok()) << tier << ": " << exact.status().ToString();
+    Result<EngineLayoutInfo> short_one = Plan(
+        MakeConfig({3, "cpu", "cpu"}, "{\"strata\": {\"" + key + "\": " + std::to_string(need - 1) + "}}"));
+    ASSERT_FALSE(short_one.ok()) << tier;
+    EXPECT_EQ(short_one.status().code(), StatusCode::kOutOfBudget);
+    EXPECT_NE(short_one.status().message().find(std::string("the ") + tier + " tier"), std::string::npos)
+        << short_one.status().message();
+  }
+}
+
+TEST(EnginePlan, MoreRanksHoldLessEach) {
+  Result<EngineLayoutInfo> one = Plan(MakeConfig({3, "cpu", "cpu"}), 1);
+  Result<EngineLayoutInfo> four = Plan(MakeConfig({3, "cpu", "cpu"}), 4);
+  ASSERT_TRUE(one.ok() && four.ok());
+  EXPECT_EQ(four->shard_elems * 4, four->chunk_elems);
+  EXPECT_LT(FixedNeed(*four, "pinned host"), FixedNeed(*one, "pinned host"));
+}
+
+// The predicted bytes of each lane against the engine's own counters of a real step.
+class TrafficTest : public ::testing::TestWithParam<Combo> {};
+
+TEST_P(TrafficTest, MatchesTheCountersOfARealStep) {
+  const Combo k = GetParam();
+  const Config c = MakeConfig(k);
+  auto world = CreateMirrorWorld(1);
+  ASSERT_TRUE(world.ok());
+  Result<ModelEngine> e = CreateMlpEngine(**world, c, Model(), nullptr);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  zero::TrainSpec spec;
+  spec.model = Model();
+  spec.steps = 3;
+  spec.micro_batch = 8;
+  Result<zero::TrainLog> log = zero::TrainWithEngine(*e->engine, **world, c, spec);
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  const StepResult& r = log->results[2];  // after the step that records the call order
+  const LaneWork w = PredictTraffic(c, 1, e->engine->layout_info());
+  const EngineLayoutInfo& l = e->engine->layout_info();
+  SCOPED_TRACE("chunks " + std::to_string(l.num_chunks) + " x " + std::to_string(l.chunk_elems) +
+               ", pieces " + std::to_string(l.optimizer_pieces) + " of " +
+               std::to_string(l.optimizer_piece_elems) + ", padding pieces " +
+               std::to_string(l.optimizer_padding_pieces) + ", resident " +
+               std::to_string(l.optimizer_resident_chunks) + ", grads on nvme " +
+               std::to_string(l.gradients_on_nvme) + ", params in state " +
+               std::to_string(l.params_in_optimizer_state) + ", kept " + std::to_string(l.kept_chunks));
+  EXPECT_EQ(w.comm_bytes, static_cast<double>(r.bytes_comm));
+  EXPECT_EQ(w.copy_bytes, static_cast<double>(r.bytes_h2d + r.bytes_d2h));
+  if (l.params_in_optimizer_state) {
+    // Whether a chunk's first gather finds its shard still in memory from the step
+    // depends on the staging buffers in use at that moment: up to one shard either way.
+    EXPECT_NEAR(w.nvme_read_bytes, static_cast<double>(r.bytes_nvme_read), l.shard_elems * 4.0);
+  } else {
+    EXPECT_EQ(w.nvme_read_bytes, static_cast<double>(r.bytes_nvme_read));
+  }
+  EXPECT_EQ(w.nvme_write_bytes, static_cast<double>(r.bytes_nvme_written));
+}
+
+INSTANTIATE_TEST_SUITE_P(Combos, TrafficTest,
+                         ::testing::Values(Combo{0, "none", "none"}, Combo{1, "cpu", "none"},
+                                           Combo{2, "cpu", "none", 0, 2}, Combo{3, "none", "none"},
+                                           Combo{3, "none", "cpu"}, Combo{3, "cpu", "cpu", 0, 2},
+                                           Combo{3, "none", "nvme"}, Combo{3, "cpu", "nvme"},
+                                           Combo{3, "nvme", "none"}, Combo{3, "nvme", "nvme"},
+                                           Combo{3, "nvme", "nvme", 0.5}, Combo{3, "nvme", "cpu", 0.5, 2},
+                                           Combo{3, "nvme", "nvme", -1}, Combo{3, "nvme", "none", 0, 3}),
+                         [](const ::testing::TestParamInfo<Combo>& i) {
+                           const Combo& k = i.param;
+                           std::string r =
+                               k.resident < 0 ? "auto" : std::to_string(static_cast<int>(k.resident * 100));
+                           return "stage" + std::to_string(k.stage) + "_" + k.opt + "_" + k.param +
+                                  "_resident" + r + "_accum" + std::to_string(k.accumulation);
+                         });
+
+TEST(PlanTime, HandWorkedOnSharedCoresAndOnAGpu) {
+  LaneRates r;
+  r.copy_bytes_per_s = 10e9;
+  r.nvme_read_bytes_per_s = 2e9;
+  r.nvme_write_bytes_per_s = 4e9;
+  r.host_optimizer = {1e9, 1e-9, 1.2};
+  r.device_optimizer = {2e9, 0, 1.0};
+  LaneWork w;
+  w.compute_s = 0.2;
+  w.adam_params = 1e8;       // host: 0.1 s stepping + 0.1 s the rest
+  w.copy_bytes = 1e9;        // 0.1 s
+  w.nvme_read_bytes = 1e9;   // 0.5 s
+  w.nvme_write_bytes = 1e9;  // 0.25 s
+  PlanTime t = PredictPlanTime(r, w, /*shared_cpu=*/true, OffloadDevice::kCpu);
+  EXPECT_DOUBLE_EQ(t.cpu_s, 0.5);
+  EXPECT_DOUBLE_EQ(t.disk_s, 0.75);
+  EXPECT_DOUBLE_EQ(t.serial_s, 1.25);
+  EXPECT_DOUBLE_EQ(t.overlapped_s, 0.75);
+  EXPECT_EQ(t.critical, "nvme");
+  r.nvme_mixed_bytes_per_s = 4e9;  // both at once: 0.5 s; the cores then bind at 0.5 x 1.2
+  t = PredictPlanTime(r, w, true, OffloadDevice::kCpu);
+  EXPECT_DOUBLE_EQ(t.overlapped_s, 0.6);
+  EXPECT_EQ(t.critical, "cpu");
+  t = PredictPlanTime(r, w, /*shared_cpu=*/false, OffloadDevice::kNone);  // optimizer 0.05 s
+  EXPECT_DOUBLE_EQ(t.overlapped_s, 0.5);
+  EXPECT_EQ(t.critical, "nvme");
+  w.nvme_param_read_bytes = 0.2e9;  // the gathers wait for these: 0.1 s on top
+  t = PredictPlanTime(r, w, true, OffloadDevice::kCpu);
+  EXPECT_DOUBLE_EQ(t.overlapped_s, 0.7);
+  EXPECT_EQ(t.critical, "cpu + gather reads");
+  EXPECT_DOUBLE_EQ(t.serial_s, 1.25) << "the serial step counts each read once";
+}
+
+LaneRates SomeRates() {
+  LaneRates r;
+  r.adam_params_per_s = 2e9;
+  r.copy_bytes_per_s = 10e9;
+  r.nvme_read_bytes_per_s = 2e9;
+  r.nvme_write_bytes_per_s = 2e9;
+  r.compute_flops_per_s = 100e9;
+  r.host_optimizer = {1e9, 1e-9, 1.2};
+  r.device_optimizer = {1e9, 1e-9, 1.2};
+  r.nvme_optimizer = {1e9, 1e-9, 1.0};
+  return r;
+}
+
+TEST(Planner, RanksWhatFitsFastestFirstThenWhatDoesNot) {
+  PlanRequest r;
+  r.base = MakeConfig({0, "none", "none"}, "{\"strata\": {\"device_budget\": 300000}}");
+  r.model = Model();
+  r.micro_batch = 8;
+  r.rates = SomeRates();
+  Result<std::vector<PlanCandidate>> all = PlanConfigurations(r);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  ASSERT_EQ(all->size(), 14u) << "stage 0, stages 1 and 2 x2, stage 3 x9";
+  int fits = 0;
+  for (size_t i = 0; i < all->size(); ++i) {
+    const PlanCandidate& c = (*all)[i];
+    fits += c.fits;
+    if (i > 0 && c.fits) {
+      EXPECT_LE((*all)[i - 1].predicted_s, c.predicted_s) << c.name;
+    }
+    if (i > 0) {
+      EXPECT_FALSE(c.fits && !(*all)[i - 1].fits) << "what fits comes first";
+    }
+    if (!c.fits) {
+      EXPECT_NE(c.refusal.find("device tier"), std::string::npos) << c.name << ": " << c.refusal;
+    }
+  }
+  EXPECT_GT(fits, 0);
+  EXPECT_LT(fits, 14) << "a 300 kB device holds the whole model's state only in some configurations";
+  EXPECT_FALSE(all->front().config.zero.offload_optimizer.device == OffloadDevice::kNone &&
+               all->front().config.zero.stage == 0)
+      << "stage 0 keeps everything on the device and cannot fit";
+}
+
+TEST(Planner, NothingFitsAndEachSaysWhy) {
+  PlanRequest r;
+  r.base = MakeConfig({0, "none", "none"}, "{\"strata\": {\"device_budget\": 4096, \"host_budget\": 4096}}");
+  r.model = Model();
+  r.micro_batch = 8;
+  r.rates = SomeRates();
+  Result<std::vector<PlanCandidate>> all = PlanConfigurations(r);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  for (const PlanCandidate& c : *all) {
+    EXPECT_FALSE(c.fits) << c.name;
+    EXPECT_FALSE(c.refusal.empty()) << c.name;
+  }
+}
+
+TEST(MirrorWorld, PeersHoldWhatThisRankHolds) {
+  auto w = CreateMirrorWorld(3);
+  ASSERT_TRUE(w.ok());
+  float in[2] = {1.5f, -2.0f}, out[6] = {};
+  ASSERT_TRUE((*w)->AllGather(in, out, 2, DType::kF32).Wait().ok());
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(out[2 * r], 1.5f);
+  ASSERT_TRUE((*w)->AllReduce(in, out, 2, DType::kF32, ReduceOp::kSum).Wait().ok());
+  EXPECT_EQ(out[1], -6.0f);
+  ASSERT_TRUE((*w)->AllReduce(in, out, 2, DType::kF32, ReduceOp::kAvg).Wait().ok());
+  EXPECT_EQ(out[1], -2.0f);
+  EXPECT_FALSE((*w)->Split(0, 0).ok());
+  EXPECT_FALSE(CreateMirrorWorld(0).ok());
+}
+
+TEST(Rates, SavedProfileReadsBackAndBadOnesAreNamed) {
+  LaneRates r = SomeRates();
+  r.nvme_backend = "io_uring";
+  Result<LaneRates> back = RatesFromJson(nlohmann::json{{"rates", RatesToJson(r)}});
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->compute_flops_per_s, r.compute_flops_per_s);
+  EXPECT_EQ(back->host_optimizer.overlap_factor, 1.2);
+  EXPECT_EQ(back->nvme_backend, "io_uring");
+  nlohmann::json bad = RatesToJson(r);
+  bad.erase("copy_bytes_per_s");
+  Result<LaneRates> missing = RatesFromJson(bad);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("copy_bytes_per_s"), std::string::npos);
+  bad = RatesToJson(r);
+  bad["device_optimizer"]["overlap_factor"] = "fast";
+  Result<LaneRates> word = RatesFromJson(bad);
+  ASSERT_FALSE(word.ok());
+  EXPECT_NE(word.status().message().find("overlap_factor"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace strata::tools
