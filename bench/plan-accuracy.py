@@ -58,7 +58,7 @@ def main() -> int:
     rows = []
     for mi, model in enumerate(MODELS):
         profile = os.path.join(out, f"profile{mi}.json")
-        plan = run_json([a.strata, "plan", *model, "--nvme-path", a.swap, "--json", "--save-profile", profile])
+        plan = run_json([a.strata, "plan", "--model", "mlp", *model, "--nvme-path", a.swap, "--json", "--save-profile", profile])
         json.dump(plan, open(os.path.join(out, f"plan{mi}.json"), "w"), indent=1)
         fits = [c for c in plan["candidates"] if c["fits"]]
         for ci, c in enumerate(fits):

@@ -101,10 +101,10 @@ struct StrataConfig {
   // they never reach the disk then; else pinned host memory if the host budget holds
   // them; else NVMe). Other offload settings keep them beside the optimizer state.
   std::string gradients = "auto";
-  // "auto": `strata train --model mlp` chooses zero_optimization.stage, both offload
-  // devices and strata.overlap with `strata plan` before the engine starts, and refuses
-  // a config that also sets any of them; the GPT and the engine itself refuse "auto"
-  // (a program that creates the engine plans with tools::PlanConfigurations). "off".
+  // "auto": `strata train` chooses zero_optimization.stage, both offload devices and
+  // strata.overlap with `strata plan` before the engine starts, and refuses a config
+  // that also sets any of them. The engine itself refuses "auto" (a program that creates
+  // the engine plans with tools::PlanConfigurations). "off".
   std::string plan = "off";
   // The optimizer state on NVMe: the fraction of chunks whose master, m and v stay in
   // pinned host memory instead (0-1), or -1 ("auto"): as many as the host budget holds

@@ -153,12 +153,15 @@ struct EngineLayoutInfo {
   int64_t chunk_elems = 0;
   int num_chunks = 0;
   int64_t shard_elems = 0;   // per chunk, per rank
-  uint64_t device_need = 0;  // bytes the engine must hold on the device (fixed part)
+  // What the engine holds on each tier: the fixed parts (need_parts, which the budgets
+  // are checked against) and the optional ones the budgets left room for. NVMe: the
+  // stores' slots, none for chunks whose optimizer state is resident (the disk's free
+  // space is checked for every chunk).
+  uint64_t device_need = 0;
   uint64_t host_need = 0;
   uint64_t nvme_need = 0;
-  // The fixed parts of the three needs; each need above also counts the optional parts
-  // (speculation spares, staging depth, resident chunks, gather buffers) the budgets
-  // left room for.
+  // The fixed parts of the three needs (the optional ones: speculation spares, staging
+  // depth, resident chunks, gather buffers).
   std::vector<EngineNeedPart> need_parts;
   bool gradients_on_nvme = false;  // strata.gradients resolved (optimizer on NVMe only)
   // Optimizer on NVMe: each chunk's shard is stepped in this many pieces (sub-groups) of

@@ -23,12 +23,13 @@ std::string Describe(const tools::PlanCandidate& c) {
 }
 
 // Rank 0's plan; prints it, or sets `failure` to why there is no choice.
-Choice PlanOnRankZero(const Prepared& p, Status* failure) {
+Choice PlanOnRankZero(const Communicator& world, const tools::PlanModel& model, const Config& config,
+                      Status* failure) {
   tools::PlanRequest r;
-  r.base = p.config;
-  r.model = p.model;
-  r.world_size = p.world->size();
-  r.micro_batch = p.config.train_micro_batch_size_per_gpu;
+  r.base = config;
+  r.model = model;
+  r.world_size = world.size();
+  r.micro_batch = config.train_micro_batch_size_per_gpu;
   const auto t0 = std::chrono::steady_clock::now();
   Result<tools::LaneRates> rates = tools::MeasurePlanRates(r);
   Result<std::vector<tools::PlanCandidate>> all = rates.status();
@@ -66,21 +67,21 @@ Choice PlanOnRankZero(const Prepared& p, Status* failure) {
 
 }  // namespace
 
-void ApplyAutoPlan(Prepared* p, std::map<std::string, std::string>* origin) {
+void ApplyAutoPlan(Communicator& world, const tools::PlanModel& model, Config* config,
+                   std::map<std::string, std::string>* origin) {
   Choice c;
   Status failure;
-  if (p->world->rank() == 0) c = PlanOnRankZero(*p, &failure);
+  if (world.rank() == 0) c = PlanOnRankZero(world, model, *config, &failure);
   // Small integers, exact in fp32; every rank then makes the same config from them.
-  ThrowIfError(p->world->Broadcast(&c, sizeof(Choice) / sizeof(float), DType::kF32, 0).Wait());
+  ThrowIfError(world.Broadcast(&c, sizeof(Choice) / sizeof(float), DType::kF32, 0).Wait());
   if (c.outcome != 0) {
-    if (p->world->rank() == 0) throw CliError(failure);
+    if (world.rank() == 0) throw CliError(failure);
     throw CliError(AbortedError("--config auto: rank 0 could not plan this run (it says why)"));
   }
-  const Config chosen = tools::CandidateConfig(p->config, static_cast<int>(c.stage),
-                                               static_cast<OffloadDevice>(static_cast<int>(c.opt)),
-                                               static_cast<OffloadDevice>(static_cast<int>(c.param)));
-  p->config = chosen;
-  p->config.strata.overlap = c.overlap != 0;
+  *config = tools::CandidateConfig(*config, static_cast<int>(c.stage),
+                                   static_cast<OffloadDevice>(static_cast<int>(c.opt)),
+                                   static_cast<OffloadDevice>(static_cast<int>(c.param)));
+  config->strata.overlap = c.overlap != 0;
   (*origin)["zero_optimization.stage"] = "--config auto: strata plan's first choice";
 }
 

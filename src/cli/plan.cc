@@ -6,8 +6,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 
 #include "cli/commands.h"
+#include "cli/gpt_flags.h"
 #include "cli/plan_text.h"
 #include "cli/table.h"
 #include "cli/train_flags.h"
@@ -92,11 +94,8 @@ std::string RatesLine(const tools::LaneRates& r) {
 
 std::string Report(const tools::PlanRequest& r, const std::vector<tools::PlanCandidate>& all,
                    const std::string& rates_from) {
-  std::string out = "plan: MLP of " + FormatCount(static_cast<double>(model::MlpParameterCount(r.model))) +
-                    " parameters (" + std::to_string(r.model.hidden.size()) + " hidden layers of " +
-                    std::to_string(r.model.hidden.empty() ? 0 : r.model.hidden.front()) + "), micro-batch " +
-                    std::to_string(r.micro_batch) + " x " +
-                    std::to_string(r.base.gradient_accumulation_steps) + " accumulation, " +
+  std::string out = "plan: " + r.model.description + ", micro-batch " + std::to_string(r.micro_batch) +
+                    " x " + std::to_string(r.base.gradient_accumulation_steps) + " accumulation, " +
                     std::to_string(r.world_size) + (r.world_size == 1 ? " rank" : " ranks") + ", overlap " +
                     (r.base.strata.overlap ? "on" : "off") + "\n";
   out += "rates (" + rates_from + "): " + RatesLine(r.rates) + "\n\n";
@@ -133,6 +132,28 @@ std::string Report(const tools::PlanRequest& r, const std::vector<tools::PlanCan
   return out;
 }
 
+// The model the flags describe: the reference MLP, or the GPT on its token files (the
+// default corpus is prepared on first use, as `strata train` does).
+tools::PlanModel BuildPlanModel(const TrainFlags& f, const Config& config) {
+  Result<tools::PlanModel> m = InvalidArgumentError("plan: no model");
+  if (f.model == "mlp") {
+    auto spec = BuildModel(f, config.seed);
+    ThrowIfError(spec.status());
+    m = tools::MlpPlanModel(*spec);
+  } else {
+    auto paths = FindOrPrepareData(f.gpt);
+    ThrowIfError(paths.status());
+    auto train = model::TokenFile::Open(paths->train);
+    ThrowIfError(train.status().WithContext("training data"));
+    auto spec = GptSpecFromFlags(f.gpt, train->vocab(), config.seed);
+    ThrowIfError(spec.status());
+    m = tools::GptPlanModel(*spec, f.gpt.seq, std::make_shared<const model::TokenFile>(std::move(*train)),
+                            config.activation_checkpointing);
+  }
+  ThrowIfError(m.status());
+  return *m;
+}
+
 Status CheckFlags(const PlanFlags& f) {
   if (f.measure && !f.profile.empty())
     return InvalidArgumentError("--measure and --profile: give one (the rates are measured or read)");
@@ -158,12 +179,11 @@ void Run(PlanFlags& f) {
   } else if (config->strata.swap_paths.empty()) {
     config->strata.swap_paths = {DefaultSwapDir()};
   }
-  ThrowIfError(ResolveBatchSizes(&*config, f.world_size, kDefaultMicroBatch));
-  auto spec = BuildModel(f.train, config->seed);
-  ThrowIfError(spec.status());
+  const bool gpt = f.train.model == "gpt";
+  ThrowIfError(ResolveBatchSizes(&*config, f.world_size, gpt ? kDefaultGptMicroBatch : kDefaultMicroBatch));
   tools::PlanRequest r;
   r.base = *config;
-  r.model = *spec;
+  r.model = BuildPlanModel(f.train, *config);
   r.world_size = f.world_size;
   r.micro_batch = config->train_micro_batch_size_per_gpu;
   Result<tools::LaneRates> rates = f.profile.empty() ? tools::MeasurePlanRates(r) : LoadProfile(f.profile);
@@ -181,7 +201,8 @@ void Run(PlanFlags& f) {
   ThrowIfError(all.status());
   if (f.train.json) {
     nlohmann::json j = {{"world_size", f.world_size},
-                        {"params", model::MlpParameterCount(r.model)},
+                        {"model", r.model.description},
+                        {"params", r.model.params},
                         {"micro_batch", r.micro_batch},
                         {"rates", tools::RatesToJson(r.rates)},
                         {"candidates", nlohmann::json::array()}};
@@ -201,12 +222,25 @@ void AddPlanCommand(CLI::App& app) {
       "which ZeRO stage and offloads fit the budgets, the memory of each tier and the predicted step, "
       "fastest first");
   TrainFlags& t = f->train;
+  t.model = "gpt";
   cmd->add_option("--config", t.config_path,
                   "JSON config (DeepSpeed keys); the plan varies stage and offloads");
+  cmd->add_option("--model", t.model, "gpt (as strata train) or mlp, the reference MLP")
+      ->check(CLI::IsMember({"gpt", "mlp"}))
+      ->capture_default_str();
   t.mlp_options = {cmd->add_option("--params", t.params, "MLP parameter count")->capture_default_str(),
                    cmd->add_option("--depth", t.depth, "MLP hidden layers")->capture_default_str()};
+  GptFlags& g = t.gpt;
+  g.options = {
+      cmd->add_option("--data", g.data_dir, "GPT token files' directory (default: the fortunes corpus)"),
+      cmd->add_option("--n-layer", g.n_layer, "GPT blocks")->capture_default_str(),
+      cmd->add_option("--n-head", g.n_head, "GPT attention heads")->capture_default_str(),
+      cmd->add_option("--n-embd", g.n_embd, "GPT width")->capture_default_str(),
+      cmd->add_option("--seq", g.seq, "GPT tokens per sequence")->capture_default_str(),
+      cmd->add_flag("--untied", g.untied, "GPT head not tied to the token embedding")};
   cmd->add_option("--world-size", f->world_size, "ranks to plan for")->capture_default_str();
-  cmd->add_option("--micro-batch", t.micro_batch, "train_micro_batch_size_per_gpu (default 32)");
+  cmd->add_option("--micro-batch", t.micro_batch,
+                  "train_micro_batch_size_per_gpu (default 8 sequences for the GPT, 32 samples for the MLP)");
   cmd->add_option("--gradient-accumulation-steps", t.accumulation, "gradient_accumulation_steps");
   cmd->add_option("--nvme-path", t.nvme_path, "swap directory (default $TMPDIR/strata-swap)");
   cmd->add_option("--device-budget", t.device_budget, "strata.device_budget, e.g. 2GiB");

@@ -12,6 +12,7 @@
 #include "cli/train_job.h"
 #include "strata/comm.h"
 #include "strata/token_data.h"
+#include "tools/plan_model.h"
 
 namespace strata::cli {
 namespace {
@@ -76,14 +77,27 @@ void RunTrain(const TrainFlags& f) {
   InterruptGuard guard(InterruptGuard::Options{f.keep_swap});
   if (f.model == "gpt") {
     Prepared p;
-    const GptTrainJob job = PrepareGpt(f, &p);
+    GptTrainJob job = PrepareGpt(f, &p);
+    if (job.config.strata.plan == "auto") {
+      auto train = model::TokenFile::Open(job.train_path);
+      ThrowIfError(train.status().WithContext("training data"));
+      auto model =
+          tools::GptPlanModel(job.model, job.seq, std::make_shared<const model::TokenFile>(std::move(*train)),
+                              job.config.activation_checkpointing);
+      ThrowIfError(model.status());
+      ApplyAutoPlan(*p.world, *model, &job.config, &job.origin);
+    }
     if (p.world->rank() == 0) NoteMissingSwapDirs(job.config);
     Finish(RunGptTrainJob(*p.world, job, guard), p);
     return;
   }
   TrainJob job;
   Prepared p = Prepare(f, &job.origin);
-  if (p.config.strata.plan == "auto") ApplyAutoPlan(&p, &job.origin);
+  if (p.config.strata.plan == "auto") {
+    auto model = tools::MlpPlanModel(p.model);
+    ThrowIfError(model.status());
+    ApplyAutoPlan(*p.world, *model, &p.config, &job.origin);
+  }
   job.steps = f.steps_option->count() || !f.mlp_steps ? f.steps : f.mlp_steps;
   job.config = p.config;
   job.model = p.model;

@@ -223,12 +223,6 @@ Prepared Prepare(const TrainFlags& f, std::map<std::string, std::string>* origin
   auto config = BuildConfig(f, origin);
   ThrowIfError(config.status());
   model::MlpSpec mlp;
-  if (f.model == "gpt" && config->strata.plan == "auto") {
-    throw CliError(
-        InvalidArgumentError("strata.plan \"auto\" (--config auto): the planner models the reference MLP "
-                             "only so far; train the GPT "
-                             "with a config file (see `strata plan --help`), or add --model mlp"));
-  }
   if (f.model == "mlp" && config->activation_checkpointing) {
     throw CliError(InvalidArgumentError(
         "activation_checkpointing: the reference MLP (--model mlp, bench step) has no activation recompute; "

@@ -1,6 +1,6 @@
 // What `strata plan --measure` learns from the engine itself: a few real steps of the
-// model cut to its first hidden layers (up to four, about 48M parameters at most; the
-// model's width, micro-batch and dtype), serial and overlapped, with the optimizer on the
+// model cut to its first layers (PlanModel::run_cut: up to four, about 48M parameters at
+// most; the model's width, micro-batch and dtype), serial and overlapped, with the optimizer on the
 // device (stage 0), on the host (stage 1, optimizer on the CPU) and on NVMe (stage 3,
 // every chunk's state resident in pinned memory, so the disk is left to the probe).
 //
@@ -12,8 +12,8 @@
 #pragma once
 
 #include "strata/config.h"
-#include "strata/mlp.h"
 #include "strata/status.h"
+#include "tools/plan_model.h"
 #include "tools/step_model.h"
 
 namespace strata::tools {
@@ -23,9 +23,9 @@ namespace strata::tools {
 // rates->copy_bytes_per_s (the probe's) to take the host path's copies out of its rest.
 // Runs 1 + `steps` steps per variant in this process (a world of one rank, the base
 // config's device and budgets; a variant those budgets cannot hold runs under the
-// device's capacity and the derived host budget instead). InvalidArgument for an
-// invalid spec or micro_batch < 1; the engine's errors, with what was being calibrated.
-Status CalibrateEngine(const Config& base, const model::MlpSpec& spec, int64_t micro_batch, LaneRates* rates,
+// device's capacity and the derived host budget instead). InvalidArgument for
+// micro_batch < 1; the engine's errors, with what was being calibrated.
+Status CalibrateEngine(const Config& base, const PlanModel& model, int64_t micro_batch, LaneRates* rates,
                        int steps = 4);
 
 }  // namespace strata::tools

@@ -61,7 +61,7 @@ Config CandidateConfig(const Config& base, int stage, OffloadDevice opt, Offload
 Result<LaneRates> MeasurePlanRates(const PlanRequest& r) {
   if (r.world_size < 1) return InvalidArgumentError("plan: the world size must be at least 1");
   const std::vector<std::string>& paths = SwapPaths(r.base, r.base.zero.offload_optimizer);
-  const int64_t adam = std::min<int64_t>(model::MlpParameterCount(r.model) / r.world_size, 16 << 20);
+  const int64_t adam = std::min<int64_t>(r.model.params / r.world_size, 16 << 20);
   STRATA_ASSIGN_OR_RETURN(LaneRates rates, MeasureLaneRates(paths.empty() ? "" : paths.front(), adam));
   STRATA_RETURN_IF_ERROR(CalibrateEngine(r.base, r.model, r.micro_batch, &rates));
   return rates;
@@ -69,7 +69,6 @@ Result<LaneRates> MeasurePlanRates(const PlanRequest& r) {
 
 Result<std::vector<PlanCandidate>> PlanConfigurations(const PlanRequest& r) {
   if (r.micro_batch < 1) return InvalidArgumentError("plan: the micro-batch must be at least 1");
-  STRATA_RETURN_IF_ERROR(model::ValidateSpec(r.model));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, CreateMirrorWorld(r.world_size));
   DeviceOptions dopt;
   dopt.kind = r.base.strata.device;
@@ -78,14 +77,13 @@ Result<std::vector<PlanCandidate>> PlanConfigurations(const PlanRequest& r) {
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(dopt));
   const bool shared_cpu = device->kind() != DeviceKind::kCuda;
   const bool with_nvme = !SwapPaths(r.base, r.base.zero.offload_optimizer).empty();
-  const double params = static_cast<double>(model::MlpParameterCount(r.model));
   std::vector<PlanCandidate> out;
   for (const Combo& k : Combos(with_nvme)) {
     PlanCandidate p;
     p.name = ComboName(k);
     p.config = CandidateConfig(r.base, k.stage, k.opt, k.param);
     Result<EngineLayoutInfo> plan =
-        Engine::Plan(p.config, model::MlpModules(r.model), EngineResources{world.get(), device.get()});
+        Engine::Plan(p.config, r.model.decl, EngineResources{world.get(), device.get()});
     if (!plan.ok() && plan.status().code() != StatusCode::kOutOfBudget &&
         plan.status().code() != StatusCode::kInvalidArgument) {
       return plan.status().WithContext("planning " + p.name);
@@ -101,8 +99,9 @@ Result<std::vector<PlanCandidate>> PlanConfigurations(const PlanRequest& r) {
     p.fits = true;
     p.layout = *plan;
     p.work = PredictTraffic(p.config, r.world_size, p.layout);
-    p.work.compute_s = PredictComputeSeconds(params, r.micro_batch, p.config.gradient_accumulation_steps,
-                                             r.rates.compute_flops_per_s);
+    p.work.compute_s =
+        PredictComputeSeconds(r.model.flops_per_sample, r.micro_batch, p.config.gradient_accumulation_steps,
+                              r.rates.compute_flops_per_s);
     p.time = PredictPlanTime(r.rates, p.work, shared_cpu, k.opt);
     p.config.strata.overlap = p.config.strata.overlap && p.time.overlapped_s <= p.time.serial_s;
     p.predicted_s = p.config.strata.overlap ? p.time.overlapped_s : p.time.serial_s;

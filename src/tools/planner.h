@@ -21,7 +21,7 @@
 
 #include "strata/config.h"
 #include "strata/engine.h"
-#include "strata/mlp.h"
+#include "tools/plan_model.h"
 #include "tools/plan_time.h"
 #include "tools/step_model.h"
 
@@ -29,7 +29,7 @@ namespace strata::tools {
 
 struct PlanRequest {
   Config base;  // budgets, swap paths, batch sizes and every key the plan does not vary
-  model::MlpSpec model;
+  PlanModel model;
   int world_size = 1;
   int64_t micro_batch = 1;  // per rank
   LaneRates rates;          // with compute_flops_per_s
@@ -61,8 +61,8 @@ Result<LaneRates> MeasurePlanRates(const PlanRequest& request);
 Config CandidateConfig(const Config& base, int stage, OffloadDevice opt, OffloadDevice param);
 
 // Every combination, those that fit first (fastest first), then those that do not, then
-// those the engine refuses. Errors: InvalidArgument (world_size < 1, micro_batch < 1, a
-// model the MLP cannot be), Unavailable (the configured device is missing), and any
+// those the engine refuses. Errors: InvalidArgument (world_size < 1, micro_batch < 1),
+// Unavailable (the configured device is missing), and any
 // engine error other than a budget or a key's refusal, with the candidate named.
 Result<std::vector<PlanCandidate>> PlanConfigurations(const PlanRequest& request);
 

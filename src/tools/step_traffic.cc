@@ -81,9 +81,10 @@ LaneWork PredictTraffic(const Config& c, int world_size, const EngineLayoutInfo&
   return w;
 }
 
-double PredictComputeSeconds(double params, int64_t micro_batch, int accumulation, double flops_per_s) {
+double PredictComputeSeconds(double flops_per_sample, int64_t micro_batch, int accumulation,
+                             double flops_per_s) {
   if (flops_per_s <= 0) return 0;
-  return 6.0 * params * static_cast<double>(micro_batch) * std::max(1, accumulation) / flops_per_s;
+  return flops_per_sample * static_cast<double>(micro_batch) * std::max(1, accumulation) / flops_per_s;
 }
 
 }  // namespace strata::tools

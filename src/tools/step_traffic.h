@@ -18,8 +18,9 @@ namespace strata::tools {
 // on one of `world_size` ranks; compute_s is left 0 (PredictComputeSeconds).
 LaneWork PredictTraffic(const Config& config, int world_size, const EngineLayoutInfo& plan);
 
-// The model's forward and backward over one step: 6 flops per parameter per sample
-// (2 forward, 4 backward), micro_batch samples per micro-batch, at flops_per_s.
-double PredictComputeSeconds(double params, int64_t micro_batch, int accumulation, double flops_per_s);
+// The model's forward and backward over one step: flops_per_sample (PlanModel's) for
+// micro_batch samples per micro-batch, at flops_per_s.
+double PredictComputeSeconds(double flops_per_sample, int64_t micro_batch, int accumulation,
+                             double flops_per_s);
 
 }  // namespace strata::tools

@@ -63,7 +63,14 @@ void Engine::Impl::PlanExtras(MemoryPlan& p) {
   if (stage == 3) dev += PlanGatherBuffers(p, p.device_budget.bytes - dev);
   info.device_need = dev;
   info.host_need = host;
-  info.nvme_need = p.nvme.Total();
+  // The disk was checked for every chunk (before residency was chosen); the stores hold
+  // slots only for the chunks on disk (OpenNvmeStores, OpenGradStore).
+  const uint64_t resident = std::count(opt_resident.begin(), opt_resident.end(), 1);
+  const uint64_t per_resident =
+      opt_tier == ZeroTier::kNvme
+          ? 2ull * pieces * opt_set_bytes + (grad_tier == ZeroTier::kNvme ? grad_slot_bytes : 0)
+          : 0;
+  info.nvme_need = p.nvme.Total() - resident * per_resident;
 }
 
 uint64_t Engine::Impl::PlanGatherBuffers(const MemoryPlan& p, uint64_t room) {

@@ -12,6 +12,7 @@
 
 #include "strata/device.h"
 #include "tools/mirror_world.h"
+#include "tools/plan_test_model.h"
 #include "tools/model_engine.h"
 #include "tools/plan_time.h"
 #include "tools/step_traffic.h"
@@ -50,14 +51,7 @@ Config MakeConfig(const Combo& k, const std::string& extra = "") {
   return c.ok() ? *c : Config{};
 }
 
-model::MlpSpec Model() {
-  model::MlpSpec m;
-  m.input_dim = 64;
-  m.hidden = {96, 80, 64};
-  m.output_dim = 10;
-  m.seed = 7;
-  return m;
-}
+model::MlpSpec Model() { return testing::PlanTestModel(); }
 
 Result<EngineLayoutInfo> Plan(const Config& c, int world_size = 1) {
   STRATA_ASSIGN_OR_RETURN(auto world, CreateMirrorWorld(world_size));
@@ -222,13 +216,20 @@ LaneRates SomeRates() {
   return r;
 }
 
-TEST(Planner, RanksWhatFitsFastestFirstThenWhatDoesNot) {
+// The plan of the test model under the base config with `extra` merged in.
+Result<std::vector<PlanCandidate>> PlanWith(const std::string& extra) {
   PlanRequest r;
-  r.base = MakeConfig({0, "none", "none"}, "{\"strata\": {\"device_budget\": 300000}}");
-  r.model = Model();
+  r.base = MakeConfig({0, "none", "none"}, extra);
+  Result<PlanModel> m = MlpPlanModel(Model());
+  if (!m.ok()) return m.status();
+  r.model = *m;
   r.micro_batch = 8;
   r.rates = SomeRates();
-  Result<std::vector<PlanCandidate>> all = PlanConfigurations(r);
+  return PlanConfigurations(r);
+}
+
+TEST(Planner, RanksWhatFitsFastestFirstThenWhatDoesNot) {
+  Result<std::vector<PlanCandidate>> all = PlanWith("{\"strata\": {\"device_budget\": 300000}}");
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   ASSERT_EQ(all->size(), 14u) << "stage 0, stages 1 and 2 x2, stage 3 x9";
   int fits = 0;
@@ -253,17 +254,32 @@ TEST(Planner, RanksWhatFitsFastestFirstThenWhatDoesNot) {
 }
 
 TEST(Planner, NothingFitsAndEachSaysWhy) {
-  PlanRequest r;
-  r.base = MakeConfig({0, "none", "none"}, "{\"strata\": {\"device_budget\": 4096, \"host_budget\": 4096}}");
-  r.model = Model();
-  r.micro_batch = 8;
-  r.rates = SomeRates();
-  Result<std::vector<PlanCandidate>> all = PlanConfigurations(r);
+  Result<std::vector<PlanCandidate>> all = PlanWith("{\"strata\": {\"device_budget\": 4096, \"host_budget\": 4096}}");
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   for (const PlanCandidate& c : *all) {
     EXPECT_FALSE(c.fits) << c.name;
     EXPECT_FALSE(c.refusal.empty()) << c.name;
   }
+}
+
+TEST(Planner, AKeyACombinationCannotHonourIsNamedNotDropped) {
+  // strata.optimizer_resident keeps part of an NVMe optimizer's state in memory: the
+  // other optimizer tiers cannot honour it, and the plan says so instead of resetting it.
+  Result<std::vector<PlanCandidate>> all = PlanWith("{\"strata\": {\"optimizer_resident\": 0.5}}");
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  int nvme = 0;
+  for (const PlanCandidate& c : *all) {
+    if (c.config.zero.offload_optimizer.device == OffloadDevice::kNvme) {
+      ++nvme;
+      EXPECT_TRUE(c.fits) << c.name << ": " << c.refusal;
+      EXPECT_EQ(c.config.strata.optimizer_resident, 0.5);
+    } else {
+      EXPECT_FALSE(c.valid) << c.name;
+      EXPECT_NE(c.refusal.find("strata.optimizer_resident"), std::string::npos) << c.refusal;
+    }
+  }
+  EXPECT_EQ(nvme, 3);
+  EXPECT_EQ(all->front().config.zero.offload_optimizer.device, OffloadDevice::kNvme) << "valid ones first";
 }
 
 TEST(MirrorWorld, PeersHoldWhatThisRankHolds) {

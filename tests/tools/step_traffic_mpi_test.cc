@@ -9,6 +9,7 @@
 
 #include "strata/device.h"
 #include "tools/mirror_world.h"
+#include "tools/plan_test_model.h"
 #include "tools/model_engine.h"
 #include "tools/step_traffic.h"
 #include "zero/mpi_world.h"
@@ -51,14 +52,7 @@ Config MakeConfig(const Combo& k) {
   return c.ok() ? *c : Config{};
 }
 
-model::MlpSpec Model() {
-  model::MlpSpec m;
-  m.input_dim = 64;
-  m.hidden = {96, 80, 64};
-  m.output_dim = 10;
-  m.seed = 7;
-  return m;
-}
+model::MlpSpec Model() { return testing::PlanTestModel(); }
 
 class TrafficMpiTest : public ::testing::TestWithParam<Combo> {};
 

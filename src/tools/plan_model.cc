@@ -1,0 +1,121 @@
+#include "tools/plan_model.h"
+
+#include <algorithm>
+
+#include "strata/units.h"
+#include "tools/model_engine.h"
+#include "zero/gpt_trainer.h"
+#include "zero/trainer.h"
+
+namespace strata::tools {
+namespace {
+
+constexpr int64_t kCutParams = 48 << 20;
+
+// How many of `layers` layers of `per_layer` parameters (besides `fixed`) the cut keeps:
+// one to four, within kCutParams. Fewer than about four measured the optimizer at twice
+// its per-parameter cost in the whole model.
+int64_t CutLayers(int64_t layers, int64_t per_layer, int64_t fixed) {
+  const int64_t room = std::max<int64_t>(kCutParams - fixed, 0) / std::max<int64_t>(per_layer, 1);
+  return std::clamp<int64_t>(std::min(room, layers), 1, std::min<int64_t>(4, layers));
+}
+
+void Keep(const zero::StepTiming& t, const StepResult& r, CutRun* m) {
+  if (t.total_s() >= m->step_s) return;
+  m->step_s = t.total_s();
+  m->compute_s = t.compute_s();
+  m->optimizer_s = r.optimizer_busy_s;
+}
+
+double OptimizerElems(const Engine& e) {
+  const EngineLayoutInfo& l = e.layout_info();
+  return static_cast<double>(l.num_chunks) * static_cast<double>(l.chunk_elems);
+}
+
+// 6 flops per parameter per token (2 forward, 4 backward), and attention's two products
+// per block (QK^T and AV: 2 x seq^2 x n_embd each forward, twice that backward).
+double GptFlopsPerSequence(const model::GptSpec& s, int64_t seq) {
+  return 6.0 * static_cast<double>(model::GptParameterCount(s)) * seq +
+         12.0 * static_cast<double>(s.n_layer) * seq * seq * s.n_embd;
+}
+
+}  // namespace
+
+Result<PlanModel> MlpPlanModel(const model::MlpSpec& spec) {
+  STRATA_RETURN_IF_ERROR(model::ValidateSpec(spec));
+  model::MlpSpec cut = spec;
+  const int64_t width = spec.hidden.empty() ? 1 : spec.hidden.front();
+  cut.hidden.resize(std::min<size_t>(spec.hidden.size(),
+                                     CutLayers(static_cast<int64_t>(spec.hidden.size()), width * width, 0)));
+  PlanModel m;
+  m.params = model::MlpParameterCount(spec);
+  m.description = "MLP of " + FormatCount(static_cast<double>(m.params)) + " parameters (" +
+                  std::to_string(spec.hidden.size()) + " hidden layers of " + std::to_string(width) + ")";
+  m.decl = model::MlpModules(spec);
+  m.flops_per_sample = 6.0 * static_cast<double>(m.params);
+  m.cut_params = model::MlpParameterCount(cut);
+  m.cut_flops_per_sample = 6.0 * static_cast<double>(m.cut_params);
+  m.run_cut = [cut](Communicator& world, const Config& config, int64_t micro_batch,
+                    int steps) -> Result<CutRun> {
+    STRATA_ASSIGN_OR_RETURN(ModelEngine e, CreateMlpEngine(world, config, cut, nullptr));
+    zero::TrainSpec t;
+    t.model = cut;
+    t.steps = 1 + steps;
+    t.micro_batch = micro_batch;
+    STRATA_ASSIGN_OR_RETURN(zero::TrainLog log, zero::TrainWithEngine(*e.engine, world, config, t));
+    CutRun run{1e30, 0, 0, OptimizerElems(*e.engine)};
+    for (size_t i = 1; i < log.timing.size(); ++i) Keep(log.timing[i], log.results[i], &run);
+    return run;
+  };
+  return m;
+}
+
+Result<PlanModel> GptPlanModel(const model::GptSpec& spec, int64_t seq,
+                               std::shared_ptr<const model::TokenFile> train, bool recompute) {
+  STRATA_RETURN_IF_ERROR(model::ValidateSpec(spec));
+  if (seq < 1 || seq > spec.block_size) {
+    return InvalidArgumentError("plan: the sequence length must be within 1.." +
+                                std::to_string(spec.block_size));
+  }
+  model::GptSpec one = spec, two = spec;
+  one.n_layer = 1;
+  two.n_layer = 2;
+  const int64_t per_layer = model::GptParameterCount(two) - model::GptParameterCount(one);
+  const int64_t fixed = model::GptParameterCount(one) - per_layer;  // embeddings, final LayerNorm, head
+  model::GptSpec cut = spec;
+  cut.n_layer = CutLayers(spec.n_layer, per_layer, fixed);
+  PlanModel m;
+  m.params = model::GptParameterCount(spec);
+  m.description = "GPT of " + FormatCount(static_cast<double>(m.params)) + " parameters (" +
+                  std::to_string(spec.n_layer) + " layers, n_embd " + std::to_string(spec.n_embd) + ", " +
+                  std::to_string(spec.n_head) + " heads, vocab " + std::to_string(spec.vocab_size) +
+                  ", sequences of " + std::to_string(seq) + ")";
+  m.decl = model::GptModel(spec);
+  m.flops_per_sample = GptFlopsPerSequence(spec, seq);
+  m.cut_params = model::GptParameterCount(cut);
+  m.cut_flops_per_sample = GptFlopsPerSequence(cut, seq);
+  m.run_cut = [cut, seq, train, recompute](Communicator& world, const Config& config, int64_t micro_batch,
+                                           int steps) -> Result<CutRun> {
+    ParamInit init = [cut](TensorId t, int64_t b, int64_t n, float* out) {
+      model::InitGptTensor(cut, t, b, n, out);
+    };
+    STRATA_ASSIGN_OR_RETURN(ModelEngine e,
+                            CreateModelEngine(world, config, model::GptModel(cut), init, nullptr));
+    zero::GptTrainSpec ts;
+    ts.model = cut;
+    ts.seq = seq;
+    ts.micro_batch = micro_batch;
+    ts.recompute = recompute;
+    zero::GptTrainer trainer(*e.engine, world, config, ts, *train, nullptr);
+    STRATA_RETURN_IF_ERROR(trainer.Check());
+    CutRun run{1e30, 0, 0, OptimizerElems(*e.engine)};
+    for (int i = 0; i <= steps; ++i) {
+      STRATA_ASSIGN_OR_RETURN(zero::GptStepReport r, trainer.RunStep(i, /*flush=*/i == steps));
+      if (i > 0) Keep(r.timing, r.result, &run);
+    }
+    return run;
+  };
+  return m;
+}
+
+}  // namespace strata::tools

@@ -1,0 +1,50 @@
+// The model `strata plan` plans: its declaration for the engine's plan, its compute per
+// sample, and how to run a few steps of it cut to a few layers (the calibration of
+// engine_calibration.h). The reference MLP and the GPT are built in.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "strata/comm.h"
+#include "strata/config.h"
+#include "strata/gpt.h"
+#include "strata/mlp.h"
+#include "strata/model.h"
+#include "strata/token_data.h"
+
+namespace strata::tools {
+
+// Timings of steps of the cut model: the fastest step after the first (which records
+// the call order and touches memory), and what the optimizer stepped (every chunk's
+// elements at stage 0, padding included).
+struct CutRun {
+  double step_s = 0, compute_s = 0, optimizer_s = 0;
+  double optimizer_elems = 0;
+};
+
+struct PlanModel {
+  std::string description;  // "MLP of 101M parameters (8 hidden layers of 3776)"
+  ModelDecl decl;
+  int64_t params = 0;
+  double flops_per_sample = 0;  // forward and backward, per sample (a sequence for the GPT)
+  int64_t cut_params = 0;
+  double cut_flops_per_sample = 0;
+  // Runs 1 + `steps` steps of the cut model under `config` over `world` (one rank).
+  std::function<Result<CutRun>(Communicator& world, const Config& config, int64_t micro_batch, int steps)>
+      run_cut;
+};
+
+// The reference MLP; cut to as many hidden layers as fit in about 48M parameters (one to
+// four). InvalidArgument for an invalid spec.
+Result<PlanModel> MlpPlanModel(const model::MlpSpec& spec);
+
+// The GPT on sequences of `seq` tokens, calibrated on `train` (which must outlive the
+// model's run_cut; shared); cut to as many blocks as fit in about 48M parameters (one to
+// four). InvalidArgument for an invalid spec or seq.
+Result<PlanModel> GptPlanModel(const model::GptSpec& spec, int64_t seq,
+                               std::shared_ptr<const model::TokenFile> train, bool recompute);
+
+}  // namespace strata::tools
