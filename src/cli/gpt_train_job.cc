@@ -199,12 +199,17 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
     return EndFailedRun(status, guard);
   }
   if (rank0 && job.json) {
-    const nlohmann::json report = {{"config", ConfigToJson(job.config)},
-                                   {"world_size", world.size()},
-                                   {"model", {{"params", layout.num_params}, {"chunks", layout.num_chunks}}},
-                                   {"steps", loop.steps},
-                                   {"evaluations", loop.evals}};
+    const nlohmann::json report = {
+        {"config", ConfigToJson(job.config)},
+        {"world_size", world.size()},
+        {"model", {{"params", layout.num_params}, {"chunks", layout.num_chunks}}},
+        {"budget_need", {{"device", layout.device_need}, {"host", layout.host_need}}},
+        {"peak_rss_bytes", PeakRssBytes()},
+        {"steps", loop.steps},
+        {"evaluations", loop.evals}};
     std::printf("%s\n", report.dump(2).c_str());
+  } else if (rank0) {
+    std::printf("%s\n", MemoryAccountLine(layout, job.config).c_str());
   }
   return 0;
 }

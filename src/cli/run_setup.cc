@@ -1,5 +1,6 @@
 #include "cli/run_setup.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -147,6 +148,20 @@ std::string StepProgress::Line(int step, double loss, double lr, double seconds,
   if (left > 0) line += "  ETA " + FormatSeconds(left * mean);
   if (r.skipped) line += "  (skipped: fp16 overflow)";
   return line;
+}
+
+uint64_t PeakRssBytes() {
+  struct rusage ru {};
+  return getrusage(RUSAGE_SELF, &ru) == 0 ? static_cast<uint64_t>(ru.ru_maxrss) * 1024 : 0;
+}
+
+std::string MemoryAccountLine(const EngineLayoutInfo& l, const Config& c) {
+  const bool sim = c.strata.device != DeviceKind::kCuda;
+  return "memory: peak RSS " + FormatBytes(PeakRssBytes()) + "; the plan: device " +
+         FormatBytes(l.device_need) + " + pinned host " + FormatBytes(l.host_need) +
+         (sim ? " (the sim device's memory is in the RSS; the rest is the process: activations, batches, the "
+                "binary)"
+              : " (device memory is not in the RSS)");
 }
 
 int EndFailedRun(const Status& status, InterruptGuard& guard) {

@@ -42,6 +42,7 @@ nlohmann::json Report(const TrainJob& job, const EngineLayoutInfo& l, const zero
           {"world_size", world_size},
           {"model", {{"params", l.num_params}, {"chunks", l.num_chunks}, {"hidden", job.model.hidden}}},
           {"budget_need", {{"device", l.device_need}, {"host", l.host_need}, {"nvme", l.nvme_need}}},
+          {"peak_rss_bytes", PeakRssBytes()},
           {"steps", steps}};
 }
 
@@ -84,6 +85,7 @@ int RunTrainJob(Communicator& world, const TrainJob& job, InterruptGuard& guard)
     const size_t timed = log->timing.size() > 1 ? log->timing.size() - 1 : 1;
     std::printf("done: %d steps, %s per step after the first, final loss %.6f\n", job.steps,
                 FormatSeconds(sum / timed).c_str(), log->losses.back());
+    std::printf("%s\n", MemoryAccountLine(layout, job.config).c_str());
   }
   return 0;
 }

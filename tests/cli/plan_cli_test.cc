@@ -127,6 +127,8 @@ TEST_F(PlanCli, TrainConfigAutoTrainsWithThePlansFirstChoice) {
   nlohmann::json j = nlohmann::json::parse(r.out);
   const nlohmann::json& c = j["config"];
   EXPECT_EQ(c["strata"]["plan"], "off") << "resolved before the engine starts";
+  EXPECT_GT(j["peak_rss_bytes"].get<uint64_t>(), j["budget_need"]["host"].get<uint64_t>())
+      << "the measured memory beside the plan's";
   const int stage = c["zero_optimization"]["stage"];
   const std::string opt = c["zero_optimization"]["offload_optimizer"]["device"];
   // 48 MiB of device memory holds the 2M model's whole state in no configuration
@@ -154,13 +156,15 @@ TEST_F(PlanCli, PlansTheGptOfStrataTrainsFlags) {
 }
 
 TEST_F(PlanCli, TrainConfigAutoPlansTheGptTooWhichIsTheDefaultJob) {
-  CliRun r = RunStrata({"train", "--config", "auto", "--steps", "2", "--n-layer", "2", "--n-embd", "64", "--seq",
-                        "32", "--sample", "0", "--eval-every", "0", "--nvme-path", Dir() + "/swap", "--host-budget",
-                        "256MiB"});
+  CliRun r = RunStrata({"train", "--config", "auto", "--steps", "2", "--n-layer", "2", "--n-embd", "64",
+                        "--seq", "32", "--sample", "0", "--eval-every", "0", "--nvme-path", Dir() + "/swap",
+                        "--host-budget", "256MiB"});
   ASSERT_EQ(r.exit_status, 0) << r.err;
   EXPECT_NE(r.err.find("--config auto: stage"), std::string::npos) << r.err;
-  EXPECT_NE(r.out.find("strata plan's first choice"), std::string::npos) << "the summary says where the stage came from\n"
-                                                                          << r.out;
+  EXPECT_NE(r.out.find("strata plan's first choice"), std::string::npos)
+      << "the summary says where the stage came from\n"
+      << r.out;
+  EXPECT_NE(r.out.find("memory: peak RSS"), std::string::npos) << r.out;
 }
 
 TEST_F(PlanCli, TrainConfigAutoRefusesWhatItWouldOverride) {
