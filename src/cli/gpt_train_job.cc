@@ -14,6 +14,7 @@
 #include "strata/token_data.h"
 #include "strata/units.h"
 #include "tools/model_engine.h"
+#include "tools/step_bench.h"
 #include "zero/gpt_trainer.h"
 
 namespace strata::cli {
@@ -204,7 +205,7 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
         {"world_size", world.size()},
         {"model", {{"params", layout.num_params}, {"chunks", layout.num_chunks}}},
         {"budget_need", {{"device", layout.device_need}, {"host", layout.host_need}}},
-        {"peak_rss_bytes", PeakRssBytes()},
+        {"peak_rss_bytes", tools::PeakRssBytes()},
         {"steps", loop.steps},
         {"evaluations", loop.evals}};
     std::printf("%s\n", report.dump(2).c_str());

@@ -143,12 +143,11 @@ tools::PlanModel BuildPlanModel(const TrainFlags& f, const Config& config) {
   } else {
     auto paths = FindOrPrepareData(f.gpt);
     ThrowIfError(paths.status());
-    auto train = model::TokenFile::Open(paths->train);
+    auto train = model::TokenFile::Open(paths->train);  // for its vocabulary
     ThrowIfError(train.status().WithContext("training data"));
     auto spec = GptSpecFromFlags(f.gpt, train->vocab(), config.seed);
     ThrowIfError(spec.status());
-    m = tools::GptPlanModel(*spec, f.gpt.seq, std::make_shared<const model::TokenFile>(std::move(*train)),
-                            config.activation_checkpointing);
+    m = tools::GptPlanModel(*spec, f.gpt.seq, paths->train, config.activation_checkpointing);
   }
   ThrowIfError(m.status());
   return *m;
@@ -172,13 +171,7 @@ void Run(PlanFlags& f) {
   std::map<std::string, std::string> origin;
   auto config = BuildConfig(f.train, &origin);
   ThrowIfError(config.status());
-  // Where an NVMe plane would swap: --nvme-path when given (over the config's
-  // swap_paths, as every flag over its key), else the config's, else the default.
-  if (f.train.nvme_path) {
-    config->strata.swap_paths = {*f.train.nvme_path};
-  } else if (config->strata.swap_paths.empty()) {
-    config->strata.swap_paths = {DefaultSwapDir()};
-  }
+  SetPlanSwapPaths(f.train, &*config);
   const bool gpt = f.train.model == "gpt";
   ThrowIfError(ResolveBatchSizes(&*config, f.world_size, gpt ? kDefaultGptMicroBatch : kDefaultMicroBatch));
   tools::PlanRequest r;

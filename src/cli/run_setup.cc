@@ -1,6 +1,5 @@
 #include "cli/run_setup.h"
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -11,6 +10,7 @@
 #include "strata/lr_schedule.h"
 #include "strata/swap_files.h"
 #include "strata/units.h"
+#include "tools/step_bench.h"
 
 namespace strata::cli {
 namespace {
@@ -150,14 +150,9 @@ std::string StepProgress::Line(int step, double loss, double lr, double seconds,
   return line;
 }
 
-uint64_t PeakRssBytes() {
-  struct rusage ru {};
-  return getrusage(RUSAGE_SELF, &ru) == 0 ? static_cast<uint64_t>(ru.ru_maxrss) * 1024 : 0;
-}
-
 std::string MemoryAccountLine(const EngineLayoutInfo& l, const Config& c) {
   const bool sim = c.strata.device != DeviceKind::kCuda;
-  return "memory: peak RSS " + FormatBytes(PeakRssBytes()) + "; the plan: device " +
+  return "memory: peak RSS " + FormatBytes(tools::PeakRssBytes()) + "; the plan: device " +
          FormatBytes(l.device_need) + " + pinned host " + FormatBytes(l.host_need) +
          (sim ? " (the sim device's memory is in the RSS; the rest is the process: activations, batches, the "
                 "binary)"

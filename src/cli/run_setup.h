@@ -51,8 +51,6 @@ class StepProgress {
   int timed_ = 0, seen_ = 0;
 };
 
-// The process's peak resident set so far (getrusage); 0 where it cannot be read.
-uint64_t PeakRssBytes();
 // The measured memory beside the plan's, for the end of a run: "memory: peak RSS 1.42
 // GiB; the plan: device 200 MiB + pinned host 976 MiB (the sim device's memory is in the
 // RSS; the rest is the process: activations, batches, the binary)".

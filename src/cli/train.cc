@@ -79,11 +79,8 @@ void RunTrain(const TrainFlags& f) {
     Prepared p;
     GptTrainJob job = PrepareGpt(f, &p);
     if (job.config.strata.plan == "auto") {
-      auto train = model::TokenFile::Open(job.train_path);
-      ThrowIfError(train.status().WithContext("training data"));
       auto model =
-          tools::GptPlanModel(job.model, job.seq, std::make_shared<const model::TokenFile>(std::move(*train)),
-                              job.config.activation_checkpointing);
+          tools::GptPlanModel(job.model, job.seq, job.train_path, job.config.activation_checkpointing);
       ThrowIfError(model.status());
       ApplyAutoPlan(*p.world, *model, &job.config, &job.origin);
     }

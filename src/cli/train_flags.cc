@@ -71,6 +71,14 @@ Status CheckAutoPlanKeys(const nlohmann::json& j, const TrainFlags& f) {
 
 std::string DefaultSwapDir() { return (std::filesystem::temp_directory_path() / "strata-swap").string(); }
 
+void SetPlanSwapPaths(const TrainFlags& f, Config* config) {
+  if (f.nvme_path) {
+    config->strata.swap_paths = {*f.nvme_path};
+  } else if (config->strata.swap_paths.empty()) {
+    config->strata.swap_paths = {DefaultSwapDir()};
+  }
+}
+
 Result<model::MlpSpec> BuildModel(const TrainFlags& f, uint64_t seed) {
   auto params = ParseCount(f.params);
   if (!params.ok()) return params.status().WithContext("--params");
@@ -166,11 +174,7 @@ Result<Config> BuildConfig(const TrainFlags& f, std::map<std::string, std::strin
     s["plan"] = "auto";
     (*origin)["strata.plan"] = "--config auto";
   }
-  if (s.is_object() && s.value("plan", "off") == "auto") {
-    STRATA_RETURN_IF_ERROR(CheckAutoPlanKeys(j, f));
-    // Where the plan may put an NVMe plane, as --nvme-path does for a chosen one.
-    if (f.nvme_path || !s.contains("swap_paths")) s["swap_paths"] = {f.nvme_path.value_or(tmp_swap)};
-  }
+  if (s.is_object() && s.value("plan", "off") == "auto") STRATA_RETURN_IF_ERROR(CheckAutoPlanKeys(j, f));
   Apply(s, "device", "strata.device", f.device, "--device", origin);
   if (!s.contains("device")) s["device"] = "sim", (*origin)["strata.device"] = "default";
   Apply(s, "device_budget", "strata.device_budget", f.device_budget, "--device-budget", origin);
@@ -207,6 +211,7 @@ Result<Config> BuildConfig(const TrainFlags& f, std::map<std::string, std::strin
   }
   if (z.empty()) j.erase("zero_optimization");  // z is not used past here
   STRATA_ASSIGN_OR_RETURN(Config config, ParseConfig(j));
+  if (config.strata.plan == "auto") SetPlanSwapPaths(f, &config);
   if (!config.gradient_accumulation_given && config.train_batch_size == 0) {
     (*origin)["gradient_accumulation_steps"] = "default";
   }

@@ -48,6 +48,9 @@ void AddFlags(CLI::App* cmd, TrainFlags* f, int default_steps);
 Status CheckModelFlags(const TrainFlags& f);
 // Where NVMe planes swap without --nvme-path or a path in the config: $TMPDIR/strata-swap.
 std::string DefaultSwapDir();
+// Where a plan may put an NVMe plane: --nvme-path when given (over the config's
+// strata.swap_paths, as every flag over its key), else the config's, else the default.
+void SetPlanSwapPaths(const TrainFlags& f, Config* config);
 // The reference MLP --params and --depth ask for; InvalidArgument naming the flag for a
 // count below the narrowest MLP of that depth.
 Result<model::MlpSpec> BuildModel(const TrainFlags& f, uint64_t seed);

@@ -13,6 +13,7 @@
 #include "strata/swap_files.h"
 #include "strata/units.h"
 #include "tools/model_engine.h"
+#include "tools/step_bench.h"
 #include "zero/trainer.h"
 
 namespace strata::cli {
@@ -42,7 +43,7 @@ nlohmann::json Report(const TrainJob& job, const EngineLayoutInfo& l, const zero
           {"world_size", world_size},
           {"model", {{"params", l.num_params}, {"chunks", l.num_chunks}, {"hidden", job.model.hidden}}},
           {"budget_need", {{"device", l.device_need}, {"host", l.host_need}, {"nvme", l.nvme_need}}},
-          {"peak_rss_bytes", PeakRssBytes()},
+          {"peak_rss_bytes", tools::PeakRssBytes()},
           {"steps", steps}};
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "tools/mirror_world.h"
+#include "tools/step_traffic.h"
 
 namespace strata::tools {
 namespace {
@@ -71,8 +72,7 @@ Status CalibrateEngine(const Config& base, const PlanModel& model, int64_t micro
   rates->device_optimizer = *dev;
   rates->compute_flops_per_s = model.cut_flops_per_sample * micro_batch / std::max(serial.compute_s, 1e-9);
   // Gradients to the host (fp32) and the updated values back, per element.
-  const int cs = c.bf16 || c.fp16.enabled ? 2 : 4;
-  const double copy = rates->copy_bytes_per_s > 0 ? (4.0 + cs) / rates->copy_bytes_per_s : 0;
+  const double copy = rates->copy_bytes_per_s > 0 ? (4.0 + ComputeBytes(c)) / rates->copy_bytes_per_s : 0;
   c.zero.stage = 1;
   c.zero.offload_optimizer.device = OffloadDevice::kCpu;
   Result<EngineRates> host = Calibrate(*world, c, t, copy, &serial);

@@ -70,9 +70,12 @@ Result<PlanModel> MlpPlanModel(const model::MlpSpec& spec) {
   return m;
 }
 
-Result<PlanModel> GptPlanModel(const model::GptSpec& spec, int64_t seq,
-                               std::shared_ptr<const model::TokenFile> train, bool recompute) {
+Result<PlanModel> GptPlanModel(const model::GptSpec& spec, int64_t seq, const std::string& train_path,
+                               bool recompute) {
   STRATA_RETURN_IF_ERROR(model::ValidateSpec(spec));
+  Result<model::TokenFile> file = model::TokenFile::Open(train_path);
+  if (!file.ok()) return file.status().WithContext("training data");
+  auto train = std::make_shared<const model::TokenFile>(std::move(*file));
   if (seq < 1 || seq > spec.block_size) {
     return InvalidArgumentError("plan: the sequence length must be within 1.." +
                                 std::to_string(spec.block_size));

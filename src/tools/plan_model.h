@@ -41,10 +41,10 @@ struct PlanModel {
 // four). InvalidArgument for an invalid spec.
 Result<PlanModel> MlpPlanModel(const model::MlpSpec& spec);
 
-// The GPT on sequences of `seq` tokens, calibrated on `train` (which must outlive the
-// model's run_cut; shared); cut to as many blocks as fit in about 48M parameters (one to
-// four). InvalidArgument for an invalid spec or seq.
-Result<PlanModel> GptPlanModel(const model::GptSpec& spec, int64_t seq,
-                               std::shared_ptr<const model::TokenFile> train, bool recompute);
+// The GPT on sequences of `seq` tokens, calibrated on the token file `train_path`
+// (opened here, held by run_cut); cut to as many blocks as fit in about 48M parameters
+// (one to four). InvalidArgument for an invalid spec or seq; the file's errors.
+Result<PlanModel> GptPlanModel(const model::GptSpec& spec, int64_t seq, const std::string& train_path,
+                               bool recompute);
 
 }  // namespace strata::tools

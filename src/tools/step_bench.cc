@@ -57,8 +57,7 @@ Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const Tr
     r.disk_unavailable = m.status().ToString();
   }
   STRATA_ASSIGN_OR_RETURN(TrainLog log, TrainWithEngine(*engine, world, config, run_spec));
-  struct rusage ru {};
-  if (getrusage(RUSAGE_SELF, &ru) == 0) r.peak_rss = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+  r.peak_rss = PeakRssBytes();
   if (disk && disk_status.ok()) {
     r.disk_name = disk->name();
     r.disk = ActivityBetween(disk_from, disk_to);
@@ -121,6 +120,11 @@ nlohmann::json RunJson(const StepBenchRun& r) {
 }
 
 }  // namespace
+
+uint64_t PeakRssBytes() {
+  struct rusage ru {};
+  return getrusage(RUSAGE_SELF, &ru) == 0 ? static_cast<uint64_t>(ru.ru_maxrss) * 1024 : 0;
+}
 
 Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions& o, std::string* text) {
   const Config& c = o.config;

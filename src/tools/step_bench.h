@@ -44,6 +44,9 @@ struct StepBenchRun {
   uint64_t peak_rss = 0;
 };
 
+// The process's peak resident set so far (getrusage); 0 where it cannot be read.
+uint64_t PeakRssBytes();
+
 // Runs the configured engine (and the serial variant), collective over `world`.
 // Returns the report as JSON; `text` receives the human-readable form.
 Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions& options, std::string* text);

@@ -126,7 +126,6 @@ LaneRates BestOf(const LaneRates& a, const LaneRates& b) {
   r.nvme_read_bytes_per_s = std::max(a.nvme_read_bytes_per_s, b.nvme_read_bytes_per_s);
   r.nvme_write_bytes_per_s = std::max(a.nvme_write_bytes_per_s, b.nvme_write_bytes_per_s);
   r.nvme_mixed_bytes_per_s = std::max(a.nvme_mixed_bytes_per_s, b.nvme_mixed_bytes_per_s);
-  r.compute_flops_per_s = std::max(a.compute_flops_per_s, b.compute_flops_per_s);
   return r;
 }
 

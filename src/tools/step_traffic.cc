@@ -11,8 +11,6 @@ double Align4K(double bytes) {
   return static_cast<double>((static_cast<uint64_t>(bytes) + 4095) / 4096 * 4096);
 }
 
-int ComputeBytes(const Config& c) { return c.bf16 || c.fp16.enabled ? 2 : 4; }
-
 // The NVMe optimizer's state of one chunk's shard, as its live pieces are read and
 // written (each piece's master, m and v padded to 4 KiB).
 double StateBytesPerChunk(const EngineLayoutInfo& l, double shard) {
@@ -29,6 +27,8 @@ double StateBytesPerChunk(const EngineLayoutInfo& l, double shard) {
 }
 
 }  // namespace
+
+int ComputeBytes(const Config& c) { return c.bf16 || c.fp16.enabled ? 2 : 4; }
 
 LaneWork PredictTraffic(const Config& c, int world_size, const EngineLayoutInfo& l) {
   LaneWork w;

@@ -14,6 +14,9 @@
 
 namespace strata::tools {
 
+// Bytes per compute value: 2 for bf16 or fp16, else 4.
+int ComputeBytes(const Config& config);
+
 // Bytes and optimizer parameters of one step (gradient_accumulation_steps micro-batches)
 // on one of `world_size` ranks; compute_s is left 0 (PredictComputeSeconds).
 LaneWork PredictTraffic(const Config& config, int world_size, const EngineLayoutInfo& plan);
