@@ -67,7 +67,10 @@ Status MeasureNvme(const std::string& dir, uint64_t probe_bytes, double read_fra
   io->RegisterBuffers({&region, 1}).IgnoreError();
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) return IoError("the NVMe probe's directory " + dir + " cannot be created: " + ec.message());
+  if (ec) {
+    return IoError("the NVMe probe's directory " + dir + " cannot be created: " + ec.message() +
+                   "; give a directory on a writable disk (--nvme-path, or strata.swap_paths)");
+  }
   std::string path = dir + "/strata-lane-probe.tmp";
   STRATA_ASSIGN_OR_RETURN(int file, io->RegisterFile(path, /*create=*/true));
   // op kRead/kWrite: the whole file; mixed: reads and writes interleaved over it, the
