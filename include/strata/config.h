@@ -33,6 +33,10 @@ struct OffloadConfig {
   uint64_t buffer_size = 0;    // offload_param only; 0: derived
   bool pipeline_read = true;   // offload_optimizer only
   bool pipeline_write = true;  // offload_optimizer only
+  // offload_optimizer only, DeepSpeed's meaning: the fraction of the optimizer state (by
+  // chunk, rounded to the nearest) that the CPU Adam steps; the rest stays on the device.
+  // Below 1 it needs device "cpu".
+  double ratio = 1;
 };
 
 struct ZeroConfig {

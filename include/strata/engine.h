@@ -152,7 +152,7 @@ struct EngineLayoutInfo {
   int64_t num_params = 0;  // real parameters
   int64_t chunk_elems = 0;
   int num_chunks = 0;
-  int64_t shard_elems = 0;   // per chunk, per rank
+  int64_t shard_elems = 0;  // per chunk, per rank
   // What the engine holds on each tier: the fixed parts (need_parts, which the budgets
   // are checked against) and the optional ones the budgets left room for. NVMe: the
   // stores' slots, none for chunks whose optimizer state is resident (the disk's free
@@ -176,6 +176,10 @@ struct EngineLayoutInfo {
   // NVMe pipeline), chosen as those the backward finishes last. Their step reads and
   // writes no disk.
   int optimizer_resident_chunks = 0;
+  // Optimizer on the CPU with offload_optimizer.ratio below 1: the chunks whose optimizer
+  // state and gradient shard stay on the device (the (1 - ratio) share, rounded to the
+  // nearest chunk), chosen as those the backward finishes last.
+  int optimizer_device_chunks = 0;
   // Stage 3, fp32 compute, optimizer and parameters both on NVMe: a gather reads the
   // parameter shard from the master part of the optimizer state on disk, so there is no
   // parameter swap and each step writes 4 bytes per parameter less. False when

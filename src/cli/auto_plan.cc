@@ -15,6 +15,8 @@ namespace {
 struct Choice {
   float outcome = 0;  // 0: planned, 1: nothing fits, 2: planning failed
   float stage = 0, opt = 0, param = 0, overlap = 0;
+  float device_chunks = 0,
+        chunks = 0;  // a CPU optimizer's chunks kept on the device (offload_optimizer.ratio)
 };
 
 std::string Describe(const tools::PlanCandidate& c) {
@@ -59,10 +61,13 @@ Choice PlanOnRankZero(const Communicator& world, const tools::PlanModel& model, 
     std::fprintf(stderr, "strata:   next: %s\n", Describe((*all)[i]).c_str());
   std::fprintf(stderr, "strata:   the same as %s; `strata plan` shows every configuration\n",
                ChoiceFlags(best.config).c_str());
-  return {0, static_cast<float>(best.config.zero.stage),
+  return {0,
+          static_cast<float>(best.config.zero.stage),
           static_cast<float>(best.config.zero.offload_optimizer.device),
           static_cast<float>(best.config.zero.offload_param.device),
-          best.config.strata.overlap ? 1.0f : 0.0f};
+          best.config.strata.overlap ? 1.0f : 0.0f,
+          static_cast<float>(best.layout.optimizer_device_chunks),
+          static_cast<float>(best.layout.num_chunks)};
 }
 
 }  // namespace
@@ -82,6 +87,12 @@ void ApplyAutoPlan(Communicator& world, const tools::PlanModel& model, Config* c
                                    static_cast<OffloadDevice>(static_cast<int>(c.opt)),
                                    static_cast<OffloadDevice>(static_cast<int>(c.param)));
   config->strata.overlap = c.overlap != 0;
+  if (c.device_chunks > 0) {
+    // Every rank lays the model out alike: the same count of chunks gives the same ratio.
+    const int n = static_cast<int>(c.chunks);
+    config->zero.offload_optimizer.ratio = static_cast<double>(n - static_cast<int>(c.device_chunks)) / n;
+    (*origin)["zero_optimization.offload_optimizer.ratio"] = "--config auto: strata plan's first choice";
+  }
   (*origin)["zero_optimization.stage"] = "--config auto: strata plan's first choice";
 }
 

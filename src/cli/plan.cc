@@ -44,6 +44,8 @@ std::string ChoiceFlags(const Config& c) {
     s += " --offload-optimizer " + std::string(OffloadDeviceName(c.zero.offload_optimizer.device));
   if (c.zero.stage == 3)
     s += " --offload-param " + std::string(OffloadDeviceName(c.zero.offload_param.device));
+  if (c.zero.offload_optimizer.ratio != 1)
+    s += " --offload-optimizer-ratio " + FormatDouble("%.4g", c.zero.offload_optimizer.ratio);
   if (!c.strata.overlap) s += " --no-overlap";
   return s;
 }
@@ -104,10 +106,12 @@ std::string Report(const tools::PlanRequest& r, const std::vector<tools::PlanCan
   for (const tools::PlanCandidate& c : all) {
     if (!c.fits) continue;
     const EngineLayoutInfo& l = c.layout;
-    const std::string resident =
-        c.config.zero.offload_optimizer.device == OffloadDevice::kNvme
-            ? std::to_string(l.optimizer_resident_chunks) + "/" + std::to_string(l.num_chunks)
-            : "-";
+    const std::string of = "/" + std::to_string(l.num_chunks);
+    const std::string resident = c.config.zero.offload_optimizer.device == OffloadDevice::kNvme
+                                     ? std::to_string(l.optimizer_resident_chunks) + of
+                                 : l.optimizer_device_chunks > 0
+                                     ? std::to_string(l.optimizer_device_chunks) + of + " on device"
+                                     : "-";
     t.AddRow({std::to_string(++n), c.name, FormatBytes(l.device_need), FormatBytes(l.host_need),
               FormatBytes(l.nvme_need), resident, c.config.strata.overlap ? "on" : "off",
               FormatSeconds(c.predicted_s), c.critical_lane});

@@ -110,6 +110,15 @@ void PrintConfigSummary(const Config& c, const Origins& origin, const EngineLayo
                                         : FormatDouble("%g", c.strata.optimizer_resident).c_str(),
         why.c_str());
   }
+  if (l.optimizer_device_chunks > 0) {
+    std::printf(
+        "  optimizer state on the device: %d of %d chunks (%s, with their gradient shards), the rest stepped "
+        "by "
+        "the CPU; offload_optimizer.ratio %g%s\n",
+        l.optimizer_device_chunks, l.num_chunks,
+        FormatBytes(16ull * l.optimizer_device_chunks * l.shard_elems).c_str(),
+        c.zero.offload_optimizer.ratio, Origin(origin, "zero_optimization.offload_optimizer.ratio").c_str());
+  }
   std::printf("  batch: %d %s per rank per micro-batch%s x accumulation %d%s x %d rank%s = %d per step\n",
               c.train_micro_batch_size_per_gpu, batch_unit.c_str(),
               Origin(origin, "train_micro_batch_size_per_gpu").c_str(), c.gradient_accumulation_steps,

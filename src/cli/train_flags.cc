@@ -58,10 +58,12 @@ Status CheckAutoPlanKeys(const nlohmann::json& j, const TrainFlags& f) {
                             {z.contains("offload_param"), "zero_optimization.offload_param"},
                             {s.contains("overlap") || f.no_overlap, "strata.overlap"}}) {
     if (given) {
-      return InvalidArgumentError(std::string(key) +
-                                  ": strata.plan \"auto\" (--config auto) chooses it; give one or the other "
-                                  "(the flags --stage, --offload-optimizer, --offload-param and --no-overlap "
-                                  "set these keys)");
+      return InvalidArgumentError(
+          std::string(key) +
+          ": strata.plan \"auto\" (--config auto) chooses it; give one or the other "
+          "(the flags --stage, --offload-optimizer, --offload-optimizer-ratio, --offload-param "
+          "and --no-overlap "
+          "set these keys)");
     }
   }
   return OkStatus();
@@ -111,6 +113,9 @@ void AddFlags(CLI::App* cmd, TrainFlags* f, int default_steps) {
   cmd->add_option("--stage", f->stage, "zero_optimization.stage (0-3)");
   cmd->add_option("--offload-optimizer", f->offload_optimizer,
                   "zero_optimization.offload_optimizer.device: none|cpu|nvme");
+  cmd->add_option(
+      "--offload-optimizer-ratio", f->optimizer_ratio,
+      "zero_optimization.offload_optimizer.ratio: the share (0-1) the CPU steps, the rest on the device");
   cmd->add_option("--offload-param", f->offload_param,
                   "zero_optimization.offload_param.device: none|cpu|nvme (stage 3)");
   cmd->add_option("--nvme-path", f->nvme_path,
@@ -161,6 +166,10 @@ Result<Config> BuildConfig(const TrainFlags& f, std::map<std::string, std::strin
   Apply(z, "stage", "zero_optimization.stage", f.stage, "--stage", origin);
   if (f.offload_optimizer) z["offload_optimizer"]["device"] = *f.offload_optimizer;
   if (f.offload_param) z["offload_param"]["device"] = *f.offload_param;
+  if (z.contains("offload_optimizer") || f.optimizer_ratio) {
+    Apply(z["offload_optimizer"], "ratio", "zero_optimization.offload_optimizer.ratio", f.optimizer_ratio,
+          "--offload-optimizer-ratio", origin);
+  }
   const std::string tmp_swap = DefaultSwapDir();
   for (const char* k : {"offload_optimizer", "offload_param"}) {
     if (!z.contains(k) || z[k].value("device", "") != "nvme") continue;

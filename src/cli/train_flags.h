@@ -34,6 +34,7 @@ struct TrainFlags {
   std::optional<int> stage;
   std::optional<std::string> offload_optimizer, offload_param, nvme_path, device;
   std::optional<std::string> device_budget, host_budget, chunk_size;
+  std::optional<double> optimizer_ratio;  // zero_optimization.offload_optimizer.ratio
   std::optional<int64_t> micro_batch, accumulation, train_batch;
   int steps = 0;
   bool no_overlap = false, json = false, keep_swap = false;

@@ -59,13 +59,21 @@ Status ReadOffload(JsonReader& r, bool is_param, OffloadConfig* out) {
     STRATA_RETURN_IF_ERROR(r.Bool("pipeline_read", &out->pipeline_read));
     STRATA_RETURN_IF_ERROR(r.Bool("pipeline_write", &out->pipeline_write));
     STRATA_RETURN_IF_ERROR(r.Unsupported("fast_init", "strata initialises swap files itself"));
-    STRATA_RETURN_IF_ERROR(r.Unsupported("ratio", "partial optimizer offload is not built"));
+    STRATA_RETURN_IF_ERROR(r.Double("ratio", 0, 1, &out->ratio));
   }
   STRATA_RETURN_IF_ERROR(r.Unsupported("max_in_cpu", "strata sizes the host tier with strata.host_budget"));
   if (out->device == OffloadDevice::kNvme && out->nvme_path.empty()) {
     return InvalidArgumentError(r.Path("nvme_path") +
                                 ": required when device is \"nvme\"; give a directory on an NVMe "
                                 "drive (or a list, one per drive)");
+  }
+  if (out->ratio != 1 && out->device != OffloadDevice::kCpu) {
+    return InvalidArgumentError(
+        r.Path("ratio") +
+        ": splits the optimizer state between the device and the CPU Adam; it needs device "
+        "\"cpu\" (got \"" +
+        std::string(OffloadDeviceName(out->device)) +
+        "\"). For an NVMe optimizer, strata.optimizer_resident keeps part of the state in host memory");
   }
   return r.Finish();
 }
@@ -335,6 +343,7 @@ nlohmann::json ConfigToJson(const Config& c) {
     } else {
       j["pipeline_read"] = o.pipeline_read;
       j["pipeline_write"] = o.pipeline_write;
+      j["ratio"] = o.ratio;
     }
     return j;
   };

@@ -14,9 +14,14 @@ PlanTime PredictPlanTime(const LaneRates& r, const LaneWork& w, bool shared_cpu,
   const EngineRates& e = opt_device == OffloadDevice::kNone  ? r.device_optimizer
                          : opt_device == OffloadDevice::kCpu ? r.host_optimizer
                                                              : r.nvme_optimizer;
-  const double adam_rate = e.optimizer_params_per_s > 0 ? e.optimizer_params_per_s : r.adam_params_per_s;
-  const double optimizer = Over(w.adam_params, adam_rate);
-  const double other = w.adam_params * e.other_s_per_param;
+  auto adam_rate = [&](const EngineRates& x) {
+    return x.optimizer_params_per_s > 0 ? x.optimizer_params_per_s : r.adam_params_per_s;
+  };
+  // A CPU optimizer's device chunks (offload_optimizer.ratio) step at the device's rates.
+  const double on_device = opt_device == OffloadDevice::kCpu ? w.adam_params_device : 0;
+  const EngineRates& d = r.device_optimizer;
+  const double optimizer = Over(w.adam_params - on_device, adam_rate(e)) + Over(on_device, adam_rate(d));
+  const double other = (w.adam_params - on_device) * e.other_s_per_param + on_device * d.other_s_per_param;
   const double copies = Over(w.copy_bytes, r.copy_bytes_per_s);
   const double comm = Over(w.comm_bytes, r.copy_bytes_per_s);  // one machine: memory traffic
   const double rd = Over(w.nvme_read_bytes, r.nvme_read_bytes_per_s);

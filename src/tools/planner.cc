@@ -1,6 +1,7 @@
 #include "tools/planner.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "strata/device.h"
 #include "tools/engine_calibration.h"
@@ -35,6 +36,68 @@ std::string ComboName(const Combo& c) {
   std::string s = "stage " + std::to_string(c.stage) + ", optimizer " + std::string(OffloadDeviceName(c.opt));
   if (c.stage == 3) s += ", params " + std::string(OffloadDeviceName(c.param));
   return s;
+}
+
+// What one candidate's plan and time are, or its refusal.
+struct Planning {
+  const PlanRequest& r;
+  Communicator& world;
+  Device& device;
+  bool shared_cpu;
+};
+
+Result<PlanCandidate> Evaluate(const Planning& g, PlanCandidate p) {
+  Result<EngineLayoutInfo> plan =
+      Engine::Plan(p.config, g.r.model.decl, EngineResources{&g.world, &g.device});
+  if (!plan.ok() && plan.status().code() != StatusCode::kOutOfBudget &&
+      plan.status().code() != StatusCode::kInvalidArgument) {
+    return plan.status().WithContext("planning " + p.name);
+  }
+  if (!plan.ok()) {
+    // InvalidArgument: a key of the base config that this combination cannot honour
+    // (strata.optimizer_resident without an NVMe optimizer, say), named in the text.
+    p.valid = plan.status().code() == StatusCode::kOutOfBudget;
+    p.refusal = plan.status().message();
+    return p;
+  }
+  p.fits = true;
+  p.layout = *plan;
+  p.work = PredictTraffic(p.config, g.r.world_size, p.layout);
+  p.work.compute_s =
+      PredictComputeSeconds(g.r.model.flops_per_sample, g.r.micro_batch, p.config.gradient_accumulation_steps,
+                            g.r.rates.compute_flops_per_s);
+  p.time = PredictPlanTime(g.r.rates, p.work, g.shared_cpu, p.config.zero.offload_optimizer.device);
+  p.config.strata.overlap = p.config.strata.overlap && p.time.overlapped_s <= p.time.serial_s;
+  p.predicted_s = p.config.strata.overlap ? p.time.overlapped_s : p.time.serial_s;
+  p.critical_lane = p.config.strata.overlap ? p.time.critical : "serial";
+  return p;
+}
+
+// A CPU optimizer that fits, with as many of its chunks kept on the device as the room
+// its fixed device needs leave holds (offload_optimizer.ratio); nothing when none fits
+// there or the base config sets the ratio itself.
+Result<std::optional<PlanCandidate>> DeviceSplit(const Planning& g, const PlanCandidate& cpu) {
+  if (cpu.config.zero.offload_optimizer.device != OffloadDevice::kCpu || !cpu.fits ||
+      g.r.base.zero.offload_optimizer.ratio != 1) {
+    return std::optional<PlanCandidate>();
+  }
+  const EngineLayoutInfo& l = cpu.layout;
+  uint64_t fixed = 0;
+  for (const EngineNeedPart& p : l.need_parts) fixed += p.tier == "device" ? p.bytes : 0;
+  const uint64_t have = g.device.capacity() - g.device.allocated();
+  const uint64_t per_chunk = 16ull * l.shard_elems;  // master, m, v and the gradient shard
+  int k = static_cast<int>(std::min<uint64_t>(l.num_chunks, have > fixed ? (have - fixed) / per_chunk : 0));
+  // The fixed needs grow with the split (device staging on a GPU): fewer until it fits.
+  for (; k > 0; k /= 2) {
+    PlanCandidate p;
+    p.name = cpu.name + ", " + std::to_string(k) + "/" + std::to_string(l.num_chunks) + " on the device";
+    p.config = cpu.config;
+    p.config.strata.overlap = g.r.base.strata.overlap;
+    p.config.zero.offload_optimizer.ratio = static_cast<double>(l.num_chunks - k) / l.num_chunks;
+    STRATA_ASSIGN_OR_RETURN(PlanCandidate split, Evaluate(g, std::move(p)));
+    if (split.fits) return std::optional<PlanCandidate>(std::move(split));
+  }
+  return std::optional<PlanCandidate>();
 }
 
 bool Faster(const PlanCandidate& a, const PlanCandidate& b) {
@@ -77,36 +140,16 @@ Result<std::vector<PlanCandidate>> PlanConfigurations(const PlanRequest& r) {
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(dopt));
   const bool shared_cpu = device->kind() != DeviceKind::kCuda;
   const bool with_nvme = !SwapPaths(r.base, r.base.zero.offload_optimizer).empty();
+  const Planning g{r, *world, *device, shared_cpu};
   std::vector<PlanCandidate> out;
   for (const Combo& k : Combos(with_nvme)) {
     PlanCandidate p;
     p.name = ComboName(k);
     p.config = CandidateConfig(r.base, k.stage, k.opt, k.param);
-    Result<EngineLayoutInfo> plan =
-        Engine::Plan(p.config, r.model.decl, EngineResources{world.get(), device.get()});
-    if (!plan.ok() && plan.status().code() != StatusCode::kOutOfBudget &&
-        plan.status().code() != StatusCode::kInvalidArgument) {
-      return plan.status().WithContext("planning " + p.name);
-    }
-    if (!plan.ok()) {
-      // InvalidArgument: a key of the base config that this combination cannot honour
-      // (strata.optimizer_resident without an NVMe optimizer, say), named in the text.
-      p.valid = plan.status().code() == StatusCode::kOutOfBudget;
-      p.refusal = plan.status().message();
-      out.push_back(std::move(p));
-      continue;
-    }
-    p.fits = true;
-    p.layout = *plan;
-    p.work = PredictTraffic(p.config, r.world_size, p.layout);
-    p.work.compute_s =
-        PredictComputeSeconds(r.model.flops_per_sample, r.micro_batch, p.config.gradient_accumulation_steps,
-                              r.rates.compute_flops_per_s);
-    p.time = PredictPlanTime(r.rates, p.work, shared_cpu, k.opt);
-    p.config.strata.overlap = p.config.strata.overlap && p.time.overlapped_s <= p.time.serial_s;
-    p.predicted_s = p.config.strata.overlap ? p.time.overlapped_s : p.time.serial_s;
-    p.critical_lane = p.config.strata.overlap ? p.time.critical : "serial";
-    out.push_back(std::move(p));
+    STRATA_ASSIGN_OR_RETURN(PlanCandidate planned, Evaluate(g, std::move(p)));
+    STRATA_ASSIGN_OR_RETURN(std::optional<PlanCandidate> split, DeviceSplit(g, planned));
+    out.push_back(std::move(planned));
+    if (split) out.push_back(std::move(*split));
   }
   std::stable_sort(out.begin(), out.end(), Faster);
   return out;
@@ -117,6 +160,7 @@ nlohmann::json ToJson(const PlanCandidate& c) {
                       {"stage", c.config.zero.stage},
                       {"offload_optimizer", OffloadDeviceName(c.config.zero.offload_optimizer.device)},
                       {"offload_param", OffloadDeviceName(c.config.zero.offload_param.device)},
+                      {"offload_optimizer_ratio", c.config.zero.offload_optimizer.ratio},
                       {"valid", c.valid},
                       {"fits", c.fits}};
   if (!c.fits) {
@@ -133,6 +177,7 @@ nlohmann::json ToJson(const PlanCandidate& c) {
                  {"chunks", l.num_chunks},
                  {"chunk_elems", l.chunk_elems},
                  {"optimizer_resident_chunks", l.optimizer_resident_chunks},
+                 {"optimizer_device_chunks", l.optimizer_device_chunks},
                  {"kept_chunks", l.kept_chunks},
                  {"gradients_on_nvme", l.gradients_on_nvme},
                  {"params_in_optimizer_state", l.params_in_optimizer_state}};

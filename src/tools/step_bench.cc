@@ -142,6 +142,7 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
                 {"micro_batch", o.spec.micro_batch},
                 {"kept_chunks", main.layout.kept_chunks},
                 {"optimizer_resident_chunks", main.layout.optimizer_resident_chunks},
+                {"optimizer_device_chunks", main.layout.optimizer_device_chunks},
                 {"params_in_optimizer_state", main.layout.params_in_optimizer_state},
                 {"carried_chunks", main.layout.carried_chunks},
                 {"hidden", o.spec.model.hidden}};
@@ -244,6 +245,11 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
   if (c.zero.offload_optimizer.device == OffloadDevice::kNvme) {
     out += "  optimizer resident   " + std::to_string(main.layout.optimizer_resident_chunks) + " of " +
            std::to_string(main.layout.num_chunks) + " chunks in pinned host memory, the rest on NVMe\n";
+  }
+  if (main.layout.optimizer_device_chunks > 0) {
+    out += "  optimizer on device  " + std::to_string(main.layout.optimizer_device_chunks) + " of " +
+           std::to_string(main.layout.num_chunks) +
+           " chunks (offload_optimizer.ratio), the rest on the CPU\n";
   }
   if (main.layout.params_in_optimizer_state) {
     out += "  parameter shards     read from the optimizer state's master on NVMe (no parameter swap)\n";

@@ -66,6 +66,7 @@ LaneRates BestOf(const LaneRates& a, const LaneRates& b);
 struct LaneWork {
   double compute_s = 0;  // measured: the model's passes without the hooks' waits
   double adam_params = 0;
+  double adam_params_device = 0;  // of adam_params, those a CPU optimizer leaves on the device (ratio)
   double copy_bytes = 0;
   double comm_bytes = 0;
   double nvme_read_bytes = 0;

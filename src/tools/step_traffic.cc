@@ -40,6 +40,9 @@ LaneWork PredictTraffic(const Config& c, int world_size, const EngineLayoutInfo&
   const OffloadDevice opt_dev = c.zero.offload_optimizer.device;
   const OffloadDevice par_dev = stage == 3 ? c.zero.offload_param.device : OffloadDevice::kNone;
   w.adam_params = chunks * opt;
+  // offload_optimizer.ratio: these chunks' state and gradients stay on the device.
+  const double on_device = l.optimizer_device_chunks;
+  w.adam_params_device = on_device * opt;
   // Gradients are reduced after each micro-batch's backward, over the ranks.
   if (world_size > 1) w.comm_bytes += a * chunks * chunk * 4;
   if (world_size > 1 && (stage == 1 || stage == 2)) w.comm_bytes += chunks * chunk * cs;
@@ -51,12 +54,13 @@ LaneWork PredictTraffic(const Config& c, int world_size, const EngineLayoutInfo&
     w.comm_bytes += gathers * chunk * cs;
     if (par_dev != OffloadDevice::kNone) w.copy_bytes += gathers * shard * cs;
   }
-  if (opt_dev != OffloadDevice::kNone) w.copy_bytes += a * chunks * opt * 4;  // gradient shards to the host
+  if (opt_dev != OffloadDevice::kNone)
+    w.copy_bytes += a * (chunks - on_device) * opt * 4;  // gradients to the host
   // Updated values to the device: from the host optimizer below stage 3; at stage 3
   // through host staging into a device-resident shard (a host or NVMe tier takes them
   // without a device copy).
-  if ((stage < 3 && opt_dev != OffloadDevice::kNone) || (stage == 3 && par_dev == OffloadDevice::kNone))
-    w.copy_bytes += chunks * opt * cs;
+  if (stage < 3 && opt_dev != OffloadDevice::kNone) w.copy_bytes += (chunks - on_device) * opt * cs;
+  if (stage == 3 && par_dev == OffloadDevice::kNone) w.copy_bytes += chunks * opt * cs;
   if (opt_dev == OffloadDevice::kNvme) {
     const double on_disk = chunks - l.optimizer_resident_chunks;
     w.nvme_read_bytes += on_disk * StateBytesPerChunk(l, opt);

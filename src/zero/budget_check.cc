@@ -58,7 +58,7 @@ std::string PartsList(const TierNeed& need) {
 // Where the planes a memory tier no longer holds went, e.g. "the optimizer state and
 // the parameter shards are already on NVMe"; "" when none went below `tier`.
 std::string AlreadyMoved(const PlanShape& s, ZeroTier tier) {
-  const bool opt = Below(s.opt_tier, tier);
+  const bool opt = Below(s.opt_tier, tier) && !(s.opt_on_device_too && tier == ZeroTier::kDevice);
   const bool param = s.stage == 3 && Below(s.param_tier, tier);
   if (opt && param && s.opt_tier == s.param_tier) {
     return "the optimizer state and the parameter shards are already " + std::string(PlaceName(s.opt_tier));

@@ -71,6 +71,7 @@ struct PlanShape {
   int stage = 0;
   int world_size = 1;
   ZeroTier opt_tier = ZeroTier::kDevice;
+  bool opt_on_device_too = false;  // offload_optimizer.ratio keeps part of it on the device
   ZeroTier param_tier = ZeroTier::kDevice;
   int64_t num_params = 0;      // real parameters
   int64_t chunk_elems = 0;     // as laid out

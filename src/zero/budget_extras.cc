@@ -28,7 +28,9 @@ void Engine::Impl::PlanExtras(MemoryPlan& p) {
   p.spares = 0;
   if (overlap && opt_tier != ZeroTier::kNvme) {
     const uint64_t room = opt_tier == ZeroTier::kDevice ? p.device_budget.bytes - dev : host_room();
-    p.spares = static_cast<int>(std::min<uint64_t>(n_chunks, room / std::max<uint64_t>(opt_set_bytes, 1)));
+    // Device chunks of a CPU optimizer step in place (StepsInPlace): no spare for them.
+    const uint64_t speculating = n_chunks - DeviceChunkCount();
+    p.spares = static_cast<int>(std::min<uint64_t>(speculating, room / std::max<uint64_t>(opt_set_bytes, 1)));
     if (opt_tier == ZeroTier::kDevice)
       dev += p.spares * 12ull * opt_elems;
     else

@@ -98,7 +98,17 @@ void Engine::Impl::PlanDeviceNeed(MemoryPlan& p) {
                  "offload_param.device \"cpu\" or \"nvme\"", true));
     }
   }
-  p.out16_on_device = stage == 3 && opt_tier == ZeroTier::kDevice && !device->host_accessible();
+  const int on_device = DeviceChunkCount();
+  opt_on_device.clear();
+  if (on_device > 0) {
+    // The chunks the backward finishes last: stepped on the device right after it, they
+    // take the tail of the CPU optimizer's work off the step's critical path.
+    opt_on_device.assign(n_chunks, 0);
+    const std::vector<int> by_last_use = zero::ResidencyOrder(l, order->trace());
+    for (int i = 0; i < on_device; ++i) opt_on_device[by_last_use[i]] = 1;
+  }
+  p.out16_on_device =
+      stage == 3 && (opt_tier == ZeroTier::kDevice || on_device > 0) && !device->host_accessible();
   if (p.out16_on_device) {
     d.Add(Part("the optimizer's " + dt + " output staging (one shard)", opt_elems * csize, NeedScale::kChunk,
                "", true));
@@ -107,6 +117,20 @@ void Engine::Impl::PlanDeviceNeed(MemoryPlan& p) {
     d.Add(Part("the optimizer state (fp32 master, m and v) and fp32 gradient shards",
                n_chunks * 16 * opt_elems, NeedScale::kModel, OffloadOptimizerFromDevice(stage), stage >= 1));
   }
+  if (on_device > 0) {
+    char ratio[32];
+    std::snprintf(ratio, sizeof(ratio), "%g", config.zero.offload_optimizer.ratio);
+    d.Add(Part("the optimizer state (fp32 master, m and v) and fp32 gradient shards of the " +
+                   Chunks(on_device) + " kept on the device (offload_optimizer.ratio " + ratio + ")",
+               on_device * 16ull * opt_elems, NeedScale::kModel,
+               "raise zero_optimization.offload_optimizer.ratio", true));
+  }
+}
+
+int Engine::Impl::DeviceChunkCount() const {
+  if (opt_tier != ZeroTier::kHost) return 0;
+  const int n = layout.num_chunks;
+  return n - zero::ResidentCount(n, config.zero.offload_optimizer.ratio);
 }
 
 void Engine::Impl::PlanHostNeed(MemoryPlan& p) {
@@ -123,8 +147,10 @@ void Engine::Impl::PlanHostNeed(MemoryPlan& p) {
                kParamStaging * out16, NeedScale::kChunk, "", stage >= 1));
   }
   if (opt_tier == ZeroTier::kHost) {
-    h.Add(Part("the optimizer state (fp32 master, m and v) and fp32 gradient shards",
-               n_chunks * (opt_set_bytes + grad_slot_bytes), NeedScale::kModel,
+    const uint64_t on_host = n_chunks - DeviceChunkCount();
+    h.Add(Part("the optimizer state (fp32 master, m and v) and fp32 gradient shards" +
+                   (on_host < n_chunks ? " of the " + Chunks(on_host) + " the CPU steps" : std::string()),
+               on_host * (opt_set_bytes + grad_slot_bytes), NeedScale::kModel,
                stage == 3 ? "offload_optimizer.device \"nvme\""
                           : "zero_optimization.stage 3 with offload_optimizer.device \"nvme\"",
                true));
@@ -299,6 +325,7 @@ Status Engine::Impl::PlanMemory(MemoryPlan& p) {
   shape.stage = stage;
   shape.world_size = world_size;
   shape.opt_tier = opt_tier;
+  shape.opt_on_device_too = DeviceChunkCount() > 0;
   shape.param_tier = param_tier;
   shape.num_params = layout.num_params;
   shape.chunk_elems = layout.chunk_elems;

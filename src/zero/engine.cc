@@ -218,6 +218,15 @@ Result<std::unique_ptr<Engine::Impl>> Engine::Impl::Make(const Config& config, M
         "strata.optimizer_resident: keeps part of an NVMe optimizer's state in pinned host memory; it "
         "needs zero_optimization.offload_optimizer.device \"nvme\" (leave it \"auto\" otherwise)");
   }
+  const double ratio = config.zero.offload_optimizer.ratio;
+  if (!(ratio >= 0 && ratio <= 1) || (ratio != 1 && s.opt_tier != ZeroTier::kHost)) {
+    return InvalidArgumentError("zero_optimization.offload_optimizer.ratio: " + std::to_string(ratio) +
+                                ": the share (0-1) of the optimizer state the CPU Adam steps, the rest "
+                                "staying on the device; below 1 "
+                                "it needs offload_optimizer.device \"cpu\" (for an NVMe optimizer, "
+                                "strata.optimizer_resident keeps part "
+                                "of the state in host memory)");
+  }
   if (s.stage == 0 && s.opt_tier != ZeroTier::kDevice) {
     return InvalidArgumentError(
         "zero_optimization.offload_optimizer.device: offload needs stage 1, 2 or 3 (DeepSpeed's rule); "
@@ -297,6 +306,7 @@ Status Engine::Impl::PlanLayout(MemoryPlan& plan) {
   info.params_in_optimizer_state = param_from_master;
   info.optimizer_padding_pieces = static_cast<int>(std::count(piece_live.begin(), piece_live.end(), 0));
   info.optimizer_resident_chunks = static_cast<int>(std::count(opt_resident.begin(), opt_resident.end(), 1));
+  info.optimizer_device_chunks = static_cast<int>(std::count(opt_on_device.begin(), opt_on_device.end(), 1));
   STRATA_LOG(kDebug, "engine") << "layout: " << l.num_params << " params in " << l.num_chunks << " chunks of "
                                << l.chunk_elems << " (shard " << l.shard_elems << "); device "
                                << FormatBytes(info.device_need) << ", host " << FormatBytes(info.host_need)
@@ -368,7 +378,7 @@ Status Engine::Impl::AllocateShards(const MemoryPlan& plan) {
   opt.resize(n_chunks);
   for (int c = 0; c < static_cast<int>(n_chunks); ++c) {
     OptChunk& o = opt[c];
-    if (opt_tier == ZeroTier::kDevice) {
+    if (OptTierOf(c) == ZeroTier::kDevice) {
       STRATA_ASSIGN_OR_RETURN(void* st, DeviceAlloc(3 * opt_bytes, "optimizer state"));
       STRATA_ASSIGN_OR_RETURN(void* g, DeviceAlloc(opt_bytes, "gradient shards"));
       o.state = static_cast<float*>(st);
@@ -508,7 +518,7 @@ Status Engine::Impl::InitParams(const ParamInit& init) {
     } else {
       std::vector<float> st(3 * opt_elems, 0.0f);
       std::memcpy(st.data(), full.data() + opt_offset, opt_elems * 4);
-      if (opt_tier == ZeroTier::kDevice) {
+      if (OptTierOf(c) == ZeroTier::kDevice) {
         STRATA_RETURN_IF_ERROR(CopyToDevice(o.state, st.data(), st.size() * 4));
       } else {
         std::memcpy(o.state, st.data(), st.size() * 4);

@@ -105,8 +105,24 @@ struct Engine::Impl {
   // waits in pinned memory.
   std::vector<uint8_t> opt_resident;
   bool Resident(int chunk) const { return !opt_resident.empty() && opt_resident[chunk]; }
-  ZeroTier OptTierOf(int chunk) const { return Resident(chunk) ? ZeroTier::kHost : opt_tier; }
-  ZeroTier GradTierOf(int chunk) const { return Resident(chunk) ? ZeroTier::kHost : grad_tier; }
+  // opt_tier host with offload_optimizer.ratio below 1: by chunk, whether its master |
+  // m | v and gradient shard stay on the device instead, stepped there by the device
+  // Adam right after the backward (never speculatively: the spares are host memory);
+  // empty when none does. Chosen as the chunks the backward finishes last.
+  std::vector<uint8_t> opt_on_device;
+  bool OnDevice(int chunk) const { return !opt_on_device.empty() && opt_on_device[chunk]; }
+  int DeviceChunkCount() const;  // of opt_on_device: what ratio asks for (PlanDeviceNeed)
+  ZeroTier OptTierOf(int chunk) const {
+    return OnDevice(chunk) ? ZeroTier::kDevice : Resident(chunk) ? ZeroTier::kHost : opt_tier;
+  }
+  ZeroTier GradTierOf(int chunk) const {
+    return OnDevice(chunk) ? ZeroTier::kDevice : Resident(chunk) ? ZeroTier::kHost : grad_tier;
+  }
+  // Chunks the optimizer steps in place in Step(), before the speculative steps are
+  // waited for: the NVMe optimizer's resident chunks and the ratio's device chunks.
+  bool StepsInPlace(int chunk) const {
+    return (opt_tier == ZeroTier::kNvme && Resident(chunk)) || OnDevice(chunk);
+  }
   // Stage 3 with params_from_master: a resident chunk's gathers copy its shard from the
   // master in memory, which is then always its fresh copy (SetFresh).
   void* ResidentShard(int chunk) { return param_from_master && Resident(chunk) ? opt[chunk].state : nullptr; }

@@ -17,7 +17,7 @@ namespace strata {
 // memory when the optimizer state lives there, else into a pinned staging buffer that
 // PublishParams moves on.
 void* Engine::Impl::Out16Target(int chunk, bool* on_host) {
-  if (opt_tier == ZeroTier::kDevice && stage < 3) {
+  if (OptTierOf(chunk) == ZeroTier::kDevice && stage < 3) {
     *on_host = false;
     return static_cast<uint8_t*>(param_full) + (chunk * layout.chunk_elems + opt_offset) * csize;
   }
@@ -80,7 +80,7 @@ Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, in
   bool on_host;
   void* out = Out16Target(chunk, &on_host);
   Status s;
-  if (opt_tier == ZeroTier::kDevice) {
+  if (OptTierOf(chunk) == ZeroTier::kDevice) {
     // A device that cannot write host memory computes into out16_device first. Only one
     // thread steps at a time (the optimizer worker is drained before Step() steps).
     void* dev_out = on_host && out16_device != nullptr ? out16_device : out;
@@ -111,8 +111,9 @@ Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, in
 // Runs on comm_worker once the chunk's gradient shard is final.
 void Engine::Impl::MaybeSpeculate(int chunk, const float* grad, std::function<Status()> done) {
   // A resident chunk of the NVMe optimizer has no spare state to step into (the room
-  // went to residency): it steps in place in Step(), one pass over memory.
-  if (!overlap || (opt_tier == ZeroTier::kNvme && Resident(chunk))) return;
+  // went to residency): it steps in place in Step(), one pass over memory. So does a
+  // device chunk of a CPU optimizer: the spares are host memory.
+  if (!overlap || StepsInPlace(chunk)) return;
   const float scale = scaler->grad_scale();
   opt[chunk].spec_done = opt_worker.Submit([this, chunk, scale, grad, done] {
     Status s = [&]() -> Status {
@@ -238,19 +239,23 @@ Status Engine::Impl::ReadMaster(int chunk, float* master) {
 
 Result<GradStats> Engine::Impl::LocalGradStats() {
   GradStats all;
-  std::vector<GradShard> shards;
+  // The shards in memory, by the tier whose ops read them.
+  std::vector<GradShard> on_host, on_device;
   for (int c = 0; c < layout.num_chunks; ++c) {
-    if (GradTierOf(c) == ZeroTier::kNvme) {
+    const ZeroTier tier = GradTierOf(c);
+    if (tier == ZeroTier::kNvme) {
       all.Merge(opt[c].grad_stats);  // taken before the shard went to disk
-    } else {
-      shards.push_back(GradShard{GradView{opt[c].grad, DType::kF32}, static_cast<size_t>(opt_elems)});
+      continue;
     }
+    const GradShard shard{GradView{opt[c].grad, DType::kF32}, static_cast<size_t>(opt_elems)};
+    (tier == ZeroTier::kDevice ? on_device : on_host).push_back(shard);
   }
-  if (shards.empty()) return all;
-  // The shards in memory share one tier: grad_tier's, or the host for resident chunks.
-  const ZeroTier tier = grad_tier == ZeroTier::kNvme ? ZeroTier::kHost : grad_tier;
-  STRATA_ASSIGN_OR_RETURN(GradStats held, OpsOn(tier).ComputeStats(zero::OpsLane::kTraining, shards));
-  all.Merge(held);
+  for (ZeroTier tier : {ZeroTier::kDevice, ZeroTier::kHost}) {
+    const std::vector<GradShard>& shards = tier == ZeroTier::kDevice ? on_device : on_host;
+    if (shards.empty()) continue;
+    STRATA_ASSIGN_OR_RETURN(GradStats held, OpsOn(tier).ComputeStats(zero::OpsLane::kTraining, shards));
+    all.Merge(held);
+  }
   return all;
 }
 

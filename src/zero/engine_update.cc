@@ -32,10 +32,11 @@ Result<StepResult> Engine::Impl::StepOnce() {
   r.skipped = g.overflow;
   // Resident chunks of the NVMe optimizer never speculate: they step from memory on
   // every core while the NVMe steps of the backward's speculation finish on the disk.
+  // Device chunks of a CPU optimizer step on the device while the CPU's finish.
   std::vector<int> early;
   if (!g.overflow) {
     for (int c = 0; c < layout.num_chunks; ++c) {
-      if (opt_tier == ZeroTier::kNvme && Resident(c)) early.push_back(c);
+      if (StepsInPlace(c)) early.push_back(c);
     }
     STRATA_RETURN_IF_ERROR(StepChunks(early, GradScale(clip, loss_scale)));
   }

@@ -1,11 +1,11 @@
 #include "strata/config.h"
 
-#include "core/json_reader.h"
-
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+
+#include "core/json_reader.h"
 
 namespace strata {
 namespace {
@@ -22,7 +22,8 @@ void ExpectError(const std::string& text, std::initializer_list<std::string> fra
 }
 
 TEST(Config, ZeroSubGroupSizeIsRefusedByName) {
-  ExpectError(R"({"zero_optimization": {"sub_group_size": 0}})", {"zero_optimization.sub_group_size", "at least 1"});
+  ExpectError(R"({"zero_optimization": {"sub_group_size": 0}})",
+              {"zero_optimization.sub_group_size", "at least 1"});
 }
 
 TEST(Config, DefaultsFromEmptyObject) {
@@ -109,7 +110,8 @@ TEST(Config, NearMissKeysGetASuggestion) {
   ExpectError(R"({"zero_optimization": {"stagee": 2}})", {"did you mean \"zero_optimization.stage\"?"});
   ExpectError(R"({"zero_optimization": {"offload_optimizer": {"devic": "cpu"}}})",
               {"did you mean \"zero_optimization.offload_optimizer.device\"?"});
-  ExpectError(R"({"train_micro_batch_size_per_gpu_": 4})", {"did you mean \"train_micro_batch_size_per_gpu\"?"});
+  ExpectError(R"({"train_micro_batch_size_per_gpu_": 4})",
+              {"did you mean \"train_micro_batch_size_per_gpu\"?"});
   ExpectError(R"({"gradient_accumulation_step": 4})", {"did you mean \"gradient_accumulation_steps\"?"});
   // Far from every known key: no guess.
   auto c = ParseConfig(nlohmann::json::parse(R"({"strata": {"budget": 1}})"));
@@ -168,6 +170,25 @@ TEST(Config, CrossKeyRules) {
   ExpectError(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})", {"bf16", "fp16"});
 }
 
+TEST(Config, OffloadOptimizerRatioNeedsTheCpuOptimizer) {
+  auto c = ParseConfigText(
+      R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->zero.offload_optimizer.ratio, 0.3);
+  EXPECT_EQ(ConfigToJson(*c)["zero_optimization"]["offload_optimizer"]["ratio"], 0.3);
+  auto defaults = ParseConfigText("{}");
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->zero.offload_optimizer.ratio, 1.0);
+  ExpectError(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 1.5}}})",
+              {"zero_optimization.offload_optimizer.ratio"});
+  ExpectError(
+      R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp",
+              "ratio": 0.5}}})",
+      {"zero_optimization.offload_optimizer.ratio", "needs device \"cpu\"", "strata.optimizer_resident"});
+  ExpectError(R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"ratio": 0.5}}})",
+              {"zero_optimization.offload_optimizer.ratio", "got \"none\""});
+}
+
 TEST(Config, NotYetSupportedKeysAreRejectedNotIgnored) {
   ExpectError(R"({"scheduler": {"type": "OneCycle", "params": {}}})",
               {"scheduler.type", "not supported yet"});
@@ -190,15 +211,11 @@ TEST(Config, BadJsonReportsPosition) {
 TEST(Config, LoadFile) {
   EXPECT_EQ(LoadConfigFile("/nonexistent/strata.json").status().code(), StatusCode::kNotFound);
   std::string path = ::testing::TempDir() + "/strata_config_test.json";
-  {
-    std::ofstream(path) << R"({"zero_optimization": {"stage": 2}})";
-  }
+  { std::ofstream(path) << R"({"zero_optimization": {"stage": 2}})"; }
   auto c = LoadConfigFile(path);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->zero.stage, 2);
-  {
-    std::ofstream(path) << R"({"zero_optimization": {"stage": 9}})";
-  }
+  { std::ofstream(path) << R"({"zero_optimization": {"stage": 9}})"; }
   auto bad = LoadConfigFile(path);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find(path), std::string::npos) << "error names the file";
@@ -221,12 +238,14 @@ TEST(Config, BatchSizesFollowDeepSpeedsRule) {
       {R"({"train_batch_size": 64})", 4, 16, 1, 64},  // alone: accumulation 1
       {R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4})", 4, 4, 4, 64},
       {R"({"train_batch_size": 64, "gradient_accumulation_steps": 2})", 4, 8, 2, 64},
-      {R"({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3})", 2, 4, 3,
-       24},
-      {R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3})", 2, 0, 0,
-       0, "train_batch_size = micro batch x accumulation x world size (24)"},
-      {R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4})", 1, 0, 0, 0, "multiple of micro batch"},
-      {R"({"train_batch_size": 10, "gradient_accumulation_steps": 4})", 1, 0, 0, 0, "multiple of accumulation"},
+      {R"({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3})",
+       2, 4, 3, 24},
+      {R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3})",
+       2, 0, 0, 0, "train_batch_size = micro batch x accumulation x world size (24)"},
+      {R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4})", 1, 0, 0, 0,
+       "multiple of micro batch"},
+      {R"({"train_batch_size": 10, "gradient_accumulation_steps": 4})", 1, 0, 0, 0,
+       "multiple of accumulation"},
       {R"({"train_batch_size": 3})", 4, 0, 0, 0, "multiple of accumulation x world size (4)"},
   };
   for (const BatchCase& t : cases) {

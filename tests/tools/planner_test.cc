@@ -12,8 +12,8 @@
 
 #include "strata/device.h"
 #include "tools/mirror_world.h"
-#include "tools/plan_test_model.h"
 #include "tools/model_engine.h"
+#include "tools/plan_test_model.h"
 #include "tools/plan_time.h"
 #include "tools/step_traffic.h"
 #include "zero/trainer.h"
@@ -33,6 +33,7 @@ struct Combo {
   const char* param;
   double resident = 0;  // NVMe optimizer only; -1: "auto"
   int accumulation = 1;
+  double ratio = 1;  // CPU optimizer only: offload_optimizer.ratio
 };
 
 Config MakeConfig(const Combo& k, const std::string& extra = "") {
@@ -41,6 +42,7 @@ Config MakeConfig(const Combo& k, const std::string& extra = "") {
                       {"strata", {{"device", "sim"}, {"chunk_size", "16KiB"}, {"swap_paths", {Swap()}}}}};
   if (std::string(k.opt) != "none")
     j["zero_optimization"]["offload_optimizer"] = {{"device", k.opt}, {"nvme_path", Swap()}};
+  if (k.ratio != 1) j["zero_optimization"]["offload_optimizer"]["ratio"] = k.ratio;
   if (std::string(k.param) != "none")
     j["zero_optimization"]["offload_param"] = {{"device", k.param}, {"nvme_path", Swap()}};
   if (std::string(k.opt) == "nvme")
@@ -139,9 +141,13 @@ TEST_P(TrafficTest, MatchesTheCountersOfARealStep) {
                ", pieces " + std::to_string(l.optimizer_pieces) + " of " +
                std::to_string(l.optimizer_piece_elems) + ", padding pieces " +
                std::to_string(l.optimizer_padding_pieces) + ", resident " +
-               std::to_string(l.optimizer_resident_chunks) + ", grads on nvme " +
+               std::to_string(l.optimizer_resident_chunks) + ", on device " +
+               std::to_string(l.optimizer_device_chunks) + ", grads on nvme " +
                std::to_string(l.gradients_on_nvme) + ", params in state " +
                std::to_string(l.params_in_optimizer_state) + ", kept " + std::to_string(l.kept_chunks));
+  if (k.ratio != 1) {
+    EXPECT_GT(l.optimizer_device_chunks, 0) << "the ratio's device path did not run";
+  }
   EXPECT_EQ(w.comm_bytes, static_cast<double>(r.bytes_comm));
   EXPECT_EQ(w.copy_bytes, static_cast<double>(r.bytes_h2d + r.bytes_d2h));
   if (l.params_in_optimizer_state) {
@@ -154,21 +160,23 @@ TEST_P(TrafficTest, MatchesTheCountersOfARealStep) {
   EXPECT_EQ(w.nvme_write_bytes, static_cast<double>(r.bytes_nvme_written));
 }
 
-INSTANTIATE_TEST_SUITE_P(Combos, TrafficTest,
-                         ::testing::Values(Combo{0, "none", "none"}, Combo{1, "cpu", "none"},
-                                           Combo{2, "cpu", "none", 0, 2}, Combo{3, "none", "none"},
-                                           Combo{3, "none", "cpu"}, Combo{3, "cpu", "cpu", 0, 2},
-                                           Combo{3, "none", "nvme"}, Combo{3, "cpu", "nvme"},
-                                           Combo{3, "nvme", "none"}, Combo{3, "nvme", "nvme"},
-                                           Combo{3, "nvme", "nvme", 0.5}, Combo{3, "nvme", "cpu", 0.5, 2},
-                                           Combo{3, "nvme", "nvme", -1}, Combo{3, "nvme", "none", 0, 3}),
-                         [](const ::testing::TestParamInfo<Combo>& i) {
-                           const Combo& k = i.param;
-                           std::string r =
-                               k.resident < 0 ? "auto" : std::to_string(static_cast<int>(k.resident * 100));
-                           return "stage" + std::to_string(k.stage) + "_" + k.opt + "_" + k.param +
-                                  "_resident" + r + "_accum" + std::to_string(k.accumulation);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Combos, TrafficTest,
+    ::testing::Values(Combo{0, "none", "none"}, Combo{1, "cpu", "none"}, Combo{2, "cpu", "none", 0, 2},
+                      Combo{3, "none", "none"}, Combo{3, "none", "cpu"}, Combo{3, "cpu", "cpu", 0, 2},
+                      Combo{3, "none", "nvme"}, Combo{3, "cpu", "nvme"}, Combo{3, "nvme", "none"},
+                      Combo{3, "nvme", "nvme"}, Combo{3, "nvme", "nvme", 0.5},
+                      Combo{3, "nvme", "cpu", 0.5, 2}, Combo{3, "nvme", "nvme", -1},
+                      Combo{3, "nvme", "none", 0, 3}, Combo{1, "cpu", "none", 0, 1, 0.5},
+                      Combo{2, "cpu", "none", 0, 2, 0.25}, Combo{3, "cpu", "none", 0, 1, 0.5},
+                      Combo{3, "cpu", "cpu", 0, 2, 0}),
+    [](const ::testing::TestParamInfo<Combo>& i) {
+      const Combo& k = i.param;
+      std::string r = k.resident < 0 ? "auto" : std::to_string(static_cast<int>(k.resident * 100));
+      return "stage" + std::to_string(k.stage) + "_" + k.opt + "_" + k.param + "_resident" + r + "_accum" +
+             std::to_string(k.accumulation) +
+             (k.ratio != 1 ? "_ratio" + std::to_string(static_cast<int>(k.ratio * 100)) : "");
+    });
 
 TEST(PlanTime, HandWorkedOnSharedCoresAndOnAGpu) {
   LaneRates r;
@@ -203,6 +211,23 @@ TEST(PlanTime, HandWorkedOnSharedCoresAndOnAGpu) {
   EXPECT_DOUBLE_EQ(t.serial_s, 1.25) << "the serial step counts each read once";
 }
 
+// A CPU optimizer's device chunks (offload_optimizer.ratio) step at the device's rates.
+TEST(PlanTime, ADeviceSplitStepsItsChunksAtTheDevicesRates) {
+  LaneRates r;
+  r.host_optimizer = {1e9, 1e-9, 1.0};
+  r.device_optimizer = {5e9, 0.2e-9, 1.0};
+  LaneWork w;
+  w.adam_params = 1e9;
+  w.adam_params_device = 0.25e9;
+  PlanTime t = PredictPlanTime(r, w, /*shared_cpu=*/false, OffloadDevice::kCpu);
+  // 0.75e9 at 1e9/s and 0.25e9 at 5e9/s; the rest: 0.75 s and 0.05 s.
+  EXPECT_DOUBLE_EQ(t.lanes[1].second, 0.8);
+  EXPECT_DOUBLE_EQ(t.lanes[2].second, 0.8);
+  // The split means nothing to the other optimizer tiers.
+  t = PredictPlanTime(r, w, false, OffloadDevice::kNone);
+  EXPECT_DOUBLE_EQ(t.lanes[1].second, 0.2);
+}
+
 LaneRates SomeRates() {
   LaneRates r;
   r.adam_params_per_s = 2e9;
@@ -231,11 +256,18 @@ Result<std::vector<PlanCandidate>> PlanWith(const std::string& extra) {
 TEST(Planner, RanksWhatFitsFastestFirstThenWhatDoesNot) {
   Result<std::vector<PlanCandidate>> all = PlanWith("{\"strata\": {\"device_budget\": 300000}}");
   ASSERT_TRUE(all.ok()) << all.status().ToString();
-  ASSERT_EQ(all->size(), 14u) << "stage 0, stages 1 and 2 x2, stage 3 x9";
-  int fits = 0;
+  int fits = 0, combos = 0;
   for (size_t i = 0; i < all->size(); ++i) {
     const PlanCandidate& c = (*all)[i];
-    fits += c.fits;
+    if (c.config.zero.offload_optimizer.ratio != 1) {
+      // A device split of a CPU optimizer that fits, planned only when it fits.
+      EXPECT_TRUE(c.fits) << c.name;
+      EXPECT_EQ(c.config.zero.offload_optimizer.device, OffloadDevice::kCpu) << c.name;
+      EXPECT_GT(c.layout.optimizer_device_chunks, 0) << c.name;
+    } else {
+      ++combos;
+      fits += c.fits;
+    }
     if (i > 0 && c.fits) {
       EXPECT_LE((*all)[i - 1].predicted_s, c.predicted_s) << c.name;
     }
@@ -246,6 +278,7 @@ TEST(Planner, RanksWhatFitsFastestFirstThenWhatDoesNot) {
       EXPECT_NE(c.refusal.find("device tier"), std::string::npos) << c.name << ": " << c.refusal;
     }
   }
+  EXPECT_EQ(combos, 14) << "stage 0, stages 1 and 2 x2, stage 3 x9";
   EXPECT_GT(fits, 0);
   EXPECT_LT(fits, 14) << "a 300 kB device holds the whole model's state only in some configurations";
   EXPECT_FALSE(all->front().config.zero.offload_optimizer.device == OffloadDevice::kNone &&
@@ -253,8 +286,45 @@ TEST(Planner, RanksWhatFitsFastestFirstThenWhatDoesNot) {
       << "stage 0 keeps everything on the device and cannot fit";
 }
 
+// A CPU optimizer's split keeps on the device as many chunks as the room beside its
+// fixed device needs holds, at 16 bytes per element (master, m, v, gradient shard).
+TEST(Planner, ADeviceSplitTakesTheChunksTheDeviceRoomHolds) {
+  Result<std::vector<PlanCandidate>> plain = PlanWith("{\"strata\": {\"device_budget\": 100000000}}");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  const PlanCandidate* stage2 = nullptr;
+  for (const PlanCandidate& c : *plain) {
+    if (c.name == "stage 2, optimizer cpu") stage2 = &c;
+  }
+  ASSERT_NE(stage2, nullptr);
+  ASSERT_TRUE(stage2->fits) << stage2->refusal;
+  const EngineLayoutInfo& l = stage2->layout;
+  uint64_t fixed = 0;
+  for (const EngineNeedPart& p : l.need_parts) fixed += p.tier == "device" ? p.bytes : 0;
+  const uint64_t per_chunk = 16ull * l.shard_elems;
+  ASSERT_GE(l.num_chunks, 3);
+  for (int want : {1, l.num_chunks - 1}) {
+    // Room for `want` chunks and a little less than one more.
+    const uint64_t budget = fixed + want * per_chunk + per_chunk / 2;
+    Result<std::vector<PlanCandidate>> all =
+        PlanWith("{\"strata\": {\"device_budget\": " + std::to_string(budget) + "}}");
+    ASSERT_TRUE(all.ok()) << all.status().ToString();
+    const std::string name = "stage 2, optimizer cpu, " + std::to_string(want) + "/" +
+                             std::to_string(l.num_chunks) + " on the device";
+    const PlanCandidate* split = nullptr;
+    for (const PlanCandidate& c : *all) {
+      if (c.name == name) split = &c;
+    }
+    ASSERT_NE(split, nullptr) << name;
+    EXPECT_EQ(split->layout.optimizer_device_chunks, want);
+    EXPECT_EQ(split->layout.device_need, l.device_need + want * per_chunk);
+    EXPECT_LE(split->layout.device_need, budget);
+    EXPECT_EQ(split->work.adam_params_device, want * static_cast<double>(l.shard_elems));
+  }
+}
+
 TEST(Planner, NothingFitsAndEachSaysWhy) {
-  Result<std::vector<PlanCandidate>> all = PlanWith("{\"strata\": {\"device_budget\": 4096, \"host_budget\": 4096}}");
+  Result<std::vector<PlanCandidate>> all =
+      PlanWith("{\"strata\": {\"device_budget\": 4096, \"host_budget\": 4096}}");
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   for (const PlanCandidate& c : *all) {
     EXPECT_FALSE(c.fits) << c.name;

@@ -50,6 +50,9 @@ TEST(EngineCheckpoint, LoadsIntoAnotherStageAndOffload) {
   CheckResumeBitExact(World(), {3, "nvme", "nvme"}, {1, "cpu", "none"});
   CheckResumeBitExact(World(), {1, "none", "none"}, {3, "nvme", "nvme", "auto", kPiecedSubGroup});
   CheckResumeBitExact(World(), {2, "cpu", "none"}, {0, "none", "none"});
+  // Chunks whose state was on the device go to the host and back (offload_optimizer.ratio).
+  CheckResumeBitExact(World(), {2, "cpu", "none", "auto", 0, 0, 0.5}, {3, "cpu", "cpu"});
+  CheckResumeBitExact(World(), {3, "nvme", "nvme"}, {1, "cpu", "none", "auto", 0, 0, 0.25});
 }
 
 // A training loop that goes back to its last checkpoint (after a bad step, say) loads it

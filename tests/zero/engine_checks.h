@@ -53,6 +53,12 @@ inline void CheckAllCombos(Communicator& world) {
       EXPECT_GT(run.resident_chunks, 0) << ComboName(c);
       EXPECT_LT(run.resident_chunks, run.num_chunks) << ComboName(c);
     }
+    if (c.ratio != 1 && run.status.ok()) {
+      // The ratio's share of the chunks, rounded to the nearest, left on the device.
+      EXPECT_EQ(run.device_chunks, run.num_chunks - static_cast<int>(std::lround(c.ratio * run.num_chunks)))
+          << ComboName(c);
+      EXPECT_GT(run.device_chunks, 0) << ComboName(c);
+    }
     if (run.status.ok()) {
       EXPECT_TRUE(LossWentDown(run.log.losses)) << ComboName(c) << ": loss did not go down";
     }
@@ -63,10 +69,11 @@ inline void CheckAllCombos(Communicator& world) {
 // only the schedule differs.
 inline void CheckOverlapEqualsSerial(Communicator& world, const std::string& extra) {
   zero::TrainSpec spec = SmallSpec(8);
-  for (const Combo& c : {Combo{1, "cpu", "none"}, Combo{2, "none", "none"}, Combo{3, "cpu", "cpu"},
-                         Combo{3, "nvme", "nvme"}, Combo{3, "nvme", "none"}, Combo{3, "nvme", "nvme", "nvme"},
-                         Combo{3, "nvme", "nvme", "nvme", kPiecedSubGroup},
-                         Combo{3, "nvme", "nvme", "auto", kPiecedSubGroup}}) {
+  for (const Combo& c :
+       {Combo{1, "cpu", "none"}, Combo{2, "none", "none"}, Combo{3, "cpu", "cpu"}, Combo{3, "nvme", "nvme"},
+        Combo{3, "nvme", "none"}, Combo{3, "nvme", "nvme", "nvme"},
+        Combo{3, "nvme", "nvme", "nvme", kPiecedSubGroup}, Combo{3, "nvme", "nvme", "auto", kPiecedSubGroup},
+        Combo{2, "cpu", "none", "auto", 0, 0, 0.5}}) {
     nlohmann::json e = extra.empty() ? nlohmann::json::object() : nlohmann::json::parse(extra);
     e["strata"]["overlap"] = false;
     EngineRun serial = RunEngine(world, MakeConfig(c, e.dump()), spec);

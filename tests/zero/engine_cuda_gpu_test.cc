@@ -88,13 +88,21 @@ TEST_P(EngineCudaTest, MatchesTheReference) {
 INSTANTIATE_TEST_SUITE_P(EveryStageAndOffload, EngineCudaTest, ::testing::ValuesIn(BaseCombos()),
                          [](const ::testing::TestParamInfo<Combo>& info) {
                            return "stage" + std::to_string(info.param.stage) + "_opt_" + info.param.opt +
-                                  "_param_" + info.param.param + (info.param.resident != 0 ? "_partial" : "");
+                                  "_param_" + info.param.param +
+                                  (info.param.resident != 0 ? "_partial" : "") +
+                                  (info.param.ratio != 1
+                                       ? "_ratio" + std::to_string(int(info.param.ratio * 100))
+                                       : "");
                          });
 
 // The 16-bit combinations: the optimizer on the device writing the compute copy in
-// place (stage 1) and through device staging to the shards (stage 3), and on the host.
-const Combo k16BitCombos[] = {
-    {1, "none", "none"}, {3, "none", "none"}, {3, "cpu", "cpu"}, {3, "nvme", "nvme"}};
+// place (stage 1) and through device staging to the shards (stage 3), and on the host;
+// and both at once (offload_optimizer.ratio).
+const Combo k16BitCombos[] = {{1, "none", "none"},
+                              {3, "none", "none"},
+                              {3, "cpu", "cpu"},
+                              {3, "nvme", "nvme"},
+                              {3, "cpu", "cpu", "auto", 0, 0, 0.5}};
 
 TEST_F(EngineCudaTest, Bf16MatchesTheReference) {
   const zero::TrainSpec spec = SmallSpec(20);

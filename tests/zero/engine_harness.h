@@ -31,6 +31,9 @@ struct Combo {
   // strata.optimizer_resident (nvme optimizer only): the fraction of chunks kept in
   // memory; -1 for "auto". 0 by default, so that the NVMe path is what these runs test.
   double resident = 0;
+  // offload_optimizer.ratio (cpu optimizer only): the share the CPU steps; the rest of
+  // the chunks keep their optimizer state on the device.
+  double ratio = 1;
 };
 
 // A sub_group_size that cuts SmallSpec's chunk shards into pieces of 1024 elements, several
@@ -52,6 +55,16 @@ inline std::vector<Combo> PartialResidencyCombos() {
           {3, "nvme", "nvme", "host", kPiecedSubGroup, 0.5}};
 }
 
+// A CPU optimizer with part of its chunks on the device (offload_optimizer.ratio), at
+// every stage and parameter tier that takes a CPU optimizer.
+inline std::vector<Combo> DeviceSplitCombos() {
+  return {{1, "cpu", "none", "auto", 0, 0, 0.5},
+          {2, "cpu", "none", "auto", 0, 0, 0.5},
+          {3, "cpu", "none", "auto", 0, 0, 0.5},
+          {3, "cpu", "cpu", "auto", 0, 0, 0.25},
+          {3, "cpu", "nvme", "auto", 0, 0, 0.5}};
+}
+
 // Every combination DeepSpeed allows: offload needs stage >= 1, NVMe optimizer offload
 // and parameter offload need stage 3.
 inline std::vector<Combo> AllCombos() {
@@ -69,6 +82,7 @@ inline std::vector<Combo> AllCombos() {
   c.push_back({3, "nvme", "cpu", "auto", kPiecedSubGroup});
   c.push_back({3, "nvme", "nvme", "auto", kSmallPieceSubGroup});
   for (const Combo& r : PartialResidencyCombos()) c.push_back(r);
+  for (const Combo& r : DeviceSplitCombos()) c.push_back(r);
   return c;
 }
 
@@ -77,7 +91,8 @@ inline std::string ComboName(const Combo& c) {
          (std::string(c.grads) == "auto" ? "" : std::string("/grads=") + c.grads) +
          (c.sub_group ? "/sub_group=" + std::to_string(c.sub_group) : "") +
          (c.resident != 0 ? "/resident=" + (c.resident < 0 ? std::string("auto") : std::to_string(c.resident))
-                          : "");
+                          : "") +
+         (c.ratio != 1 ? "/ratio=" + std::to_string(c.ratio) : "");
 }
 
 // A swap directory private to this run. Every rank must name the same one (the config
@@ -114,6 +129,7 @@ inline Config MakeConfig(const Combo& c, const std::string& extra_json = "") {
   }
   if (std::string(c.grads) != "auto") j["strata"]["gradients"] = c.grads;
   if (c.sub_group) j["zero_optimization"]["sub_group_size"] = c.sub_group;
+  if (c.ratio != 1) j["zero_optimization"]["offload_optimizer"]["ratio"] = c.ratio;
   if (std::string(c.opt) == "nvme") {
     j["strata"]["optimizer_resident"] = c.resident < 0 ? nlohmann::json("auto") : nlohmann::json(c.resident);
   }
@@ -143,6 +159,7 @@ struct EngineRun {
   uint64_t host_need = 0;
   int kept_chunks = 0, carried_chunks = 0, num_chunks = 0;  // from layout_info()
   int resident_chunks = 0;                                  // optimizer_resident_chunks
+  int device_chunks = 0;                                    // optimizer_device_chunks
   Status status;
 };
 
@@ -201,6 +218,7 @@ inline EngineRun RunEngine(Communicator& world, const Config& config, const zero
   run.kept_chunks = (*engine)->layout_info().kept_chunks;
   run.num_chunks = (*engine)->layout_info().num_chunks;
   run.resident_chunks = (*engine)->layout_info().optimizer_resident_chunks;
+  run.device_chunks = (*engine)->layout_info().optimizer_device_chunks;
   run.carried_chunks = (*engine)->layout_info().carried_chunks;
   return run;
 }

@@ -1,7 +1,8 @@
 // Partial residency of the NVMe optimizer (strata.optimizer_resident): the host budget
 // decides how many chunks stay in pinned memory, their NVMe traffic goes, and training
 // still equals the single-rank reference. Every stage x offload combination with half
-// the chunks resident is in AllCombos (engine_test, engine_mpi_test at 2 and 4 ranks).
+// the chunks resident is in AllCombos (engine_test, engine_mpi_test at 2 and 4 ranks),
+// and so are a CPU optimizer's chunks kept on the device (offload_optimizer.ratio).
 #include <set>
 
 #include "engine_checks.h"
@@ -117,6 +118,67 @@ TEST(EngineResidency, TheKeyNeedsTheOptimizerOnNvme) {
       << parsed.status().message();
   parsed = ParseConfig(nlohmann::json::parse(R"({"strata": {"optimizer_resident": 1.5}})"));
   ASSERT_FALSE(parsed.ok());
+}
+
+// offload_optimizer.ratio: the plan of a CPU optimizer with part of its chunks on a
+// device of `device_bytes` (the sim device's default size when 0).
+Result<EngineLayoutInfo> PlanWithRatio(double ratio, uint64_t device_bytes = 0) {
+  const zero::TrainSpec spec = ManyChunks(1);
+  const std::string extra =
+      R"({"zero_optimization": {"offload_optimizer": {"ratio": )" + std::to_string(ratio) + "}}" +
+      (device_bytes ? R"(, "strata": {"device_budget": )" + std::to_string(device_bytes) + "}" : "") + "}";
+  DeviceOptions d;
+  d.kind = DeviceKind::kSim;
+  d.capacity = device_bytes;
+  STRATA_ASSIGN_OR_RETURN(auto device, CreateDevice(d));
+  return Engine::Plan(MakeConfig({2, "cpu", "none"}, extra), model::MlpModules(spec.model),
+                      EngineResources{&World(), device.get()});
+}
+
+TEST(EngineResidency, TheRatioMovesWholeChunksOfStateToTheDevice) {
+  auto all_cpu = PlanWithRatio(1);
+  ASSERT_TRUE(all_cpu.ok()) << all_cpu.status().ToString();
+  const int n = all_cpu->num_chunks;
+  ASSERT_GE(n, 6);
+  EXPECT_EQ(all_cpu->optimizer_device_chunks, 0);
+  const uint64_t per_chunk = 16ull * all_cpu->shard_elems;  // master, m, v and the gradient shard
+  for (double ratio : {0.75, 0.5, 0.25, 0.0}) {
+    auto plan = PlanWithRatio(ratio);
+    ASSERT_TRUE(plan.ok()) << ratio << ": " << plan.status().ToString();
+    const int on_device = n - static_cast<int>(std::lround(ratio * n));
+    EXPECT_EQ(plan->optimizer_device_chunks, on_device) << ratio;
+    // Stage 2 with the optimizer on the CPU keeps no optional part on the device.
+    EXPECT_EQ(plan->device_need, all_cpu->device_need + on_device * per_chunk) << ratio;
+    EXPECT_LT(plan->host_need, all_cpu->host_need) << ratio;
+  }
+}
+
+TEST(EngineResidency, TheRatioNeedsTheCpuOptimizerInAConfigMadeInCode) {
+  for (const char* opt : {"none", "nvme"}) {
+    Config c = MakeConfig({3, opt, "none"});
+    c.zero.offload_optimizer.ratio = 0.5;  // ParseConfig refuses this; code can still build it
+    EngineRun run = RunEngine(World(), c, SmallSpec(1));
+    ASSERT_EQ(run.status.code(), StatusCode::kInvalidArgument) << opt << ": " << run.status.ToString();
+    EXPECT_NE(run.status.message().find("offload_optimizer.ratio"), std::string::npos)
+        << run.status.message();
+  }
+}
+
+TEST(EngineResidency, ARatioTheDeviceCannotHoldIsRefusedNamingTheKey) {
+  auto all_cpu = PlanWithRatio(1);
+  ASSERT_TRUE(all_cpu.ok()) << all_cpu.status().ToString();
+  const uint64_t per_chunk = 16ull * all_cpu->shard_elems;
+  // Room for exactly one chunk on the device: a ratio that leaves one there fits, two do not.
+  const uint64_t budget = all_cpu->device_need + per_chunk;
+  const int n = all_cpu->num_chunks;
+  auto one = PlanWithRatio(1.0 - 1.0 / n, budget);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(one->optimizer_device_chunks, 1);
+  auto two = PlanWithRatio(1.0 - 2.0 / n, budget);
+  ASSERT_FALSE(two.ok());
+  EXPECT_EQ(two.status().code(), StatusCode::kOutOfBudget) << two.status().ToString();
+  EXPECT_NE(two.status().message().find("offload_optimizer.ratio"), std::string::npos)
+      << two.status().message();
 }
 
 }  // namespace
