@@ -99,7 +99,11 @@ struct StrataConfig {
   IoBackendKind io_backend = IoBackendKind::kAuto;
   bool io_sqpoll = false;
   bool checksum = true;
+  // Overlap the optimizer with the backward (engine.h). overlap_auto ("auto", the
+  // default): the engine times a few steps each way and keeps the faster
+  // (zero/overlap_tuner.h); `overlap` is then the mode it starts in. true or false: fixed.
   bool overlap = true;
+  bool overlap_auto = true;
   // Where the fp32 gradient shards wait for the step when the optimizer state is on
   // NVMe: "host", "nvme", or "auto" (NVMe when overlap is on and clipping off, since
   // they never reach the disk then; else pinned host memory if the host budget holds

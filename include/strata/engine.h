@@ -53,7 +53,8 @@
 //       gradient_clipping > 0 and that is < 1, else 1 (DeepSpeed's rule);
 //   Adam/AdamW on every owned shard with grad_scale = clip / loss_scale;
 //   the updated fp32 master rounded to the compute dtype is what the next forward sees.
-// Overlap (strata.overlap, default true): a chunk's optimizer step starts as soon as its
+// Overlap (strata.overlap true; "auto", the default, times a few steps each way from the
+// second on and keeps the faster): a chunk's optimizer step starts as soon as its
 // gradient shard is final during the last micro-batch's backward, speculatively with
 // clip = 1; Step() commits it when the global norm and overflow flag allow, otherwise
 // discards it and steps that chunk again with the right scale. NVMe state is written to
@@ -139,6 +140,9 @@ struct StepResult {
   uint64_t bytes_h2d = 0, bytes_d2h = 0;
   uint64_t bytes_comm = 0;
   uint64_t device_high_water = 0, host_high_water = 0;
+  // Whether this step overlapped the optimizer with its backward: strata.overlap, or
+  // with "auto" the trial's or the decision's mode (the result is the same either way).
+  bool overlapped = true;
 };
 
 // One part of a tier's fixed need, as the budget check counts it.

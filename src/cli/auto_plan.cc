@@ -87,6 +87,7 @@ void ApplyAutoPlan(Communicator& world, const tools::PlanModel& model, Config* c
                                    static_cast<OffloadDevice>(static_cast<int>(c.opt)),
                                    static_cast<OffloadDevice>(static_cast<int>(c.param)));
   config->strata.overlap = c.overlap != 0;
+  config->strata.overlap_auto = false;
   if (c.device_chunks > 0) {
     // Every rank lays the model out alike: the same count of chunks gives the same ratio.
     const int n = static_cast<int>(c.chunks);

@@ -214,7 +214,8 @@ Status ReadStrata(JsonReader& r, StrataConfig* s) {
                                    : (io == "psync" ? IoBackendKind::kPsync : IoBackendKind::kAuto);
   STRATA_RETURN_IF_ERROR(r.Bool("io_sqpoll", &s->io_sqpoll));
   STRATA_RETURN_IF_ERROR(r.Bool("checksum", &s->checksum));
-  STRATA_RETURN_IF_ERROR(r.Bool("overlap", &s->overlap));
+  STRATA_RETURN_IF_ERROR(r.BoolOrAuto("overlap", &s->overlap, &s->overlap_auto));
+  if (s->overlap_auto) s->overlap = true;
   STRATA_RETURN_IF_ERROR(r.Enum("gradients", {"auto", "host", "nvme"}, &s->gradients));
   STRATA_RETURN_IF_ERROR(r.Enum("plan", {"off", "auto"}, &s->plan));
   STRATA_RETURN_IF_ERROR(r.DoubleOrAuto("optimizer_resident", 0, 1, &s->optimizer_resident));
@@ -401,7 +402,7 @@ nlohmann::json ConfigToJson(const Config& c) {
                  {"io_backend", IoBackendKindName(s.io_backend)},
                  {"io_sqpoll", s.io_sqpoll},
                  {"checksum", s.checksum},
-                 {"overlap", s.overlap},
+                 {"overlap", s.overlap_auto ? nlohmann::json("auto") : nlohmann::json(s.overlap)},
                  {"gradients", s.gradients},
                  {"plan", s.plan},
                  {"optimizer_resident",

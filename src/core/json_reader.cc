@@ -44,6 +44,19 @@ Status JsonReader::Bool(std::string_view key, bool* out) {
   return OkStatus();
 }
 
+Status JsonReader::BoolOrAuto(std::string_view key, bool* out, bool* is_auto) {
+  const auto* v = Find(key);
+  if (!v) return OkStatus();
+  if (v->is_string() && v->get<std::string>() == "auto") {
+    *is_auto = true;
+    return OkStatus();
+  }
+  if (!v->is_boolean()) return TypeError(key, "true, false or \"auto\"", *v);
+  *out = v->get<bool>();
+  *is_auto = false;
+  return OkStatus();
+}
+
 Status JsonReader::Int(std::string_view key, int lo, int hi, int* out) {
   const auto* v = Find(key);
   if (!v) return OkStatus();

@@ -22,6 +22,8 @@ class JsonReader {
 
   // Each reader leaves *out unchanged when the key is absent.
   Status Bool(std::string_view key, bool* out);
+  // true, false, or the string "auto" (*is_auto set, *out left alone).
+  Status BoolOrAuto(std::string_view key, bool* out, bool* is_auto);
   Status Int(std::string_view key, int lo, int hi, int* out);
   Status UInt64(std::string_view key, uint64_t* out);
   Status Double(std::string_view key, double lo, double hi, double* out);

@@ -20,6 +20,7 @@ struct Cut {
 // take per optimizer element (the probe's rate), left out of the rest.
 Result<EngineRates> CalibrateOnce(Communicator& world, Config c, const Cut& t, double copy_s_per_elem,
                                   CutRun* serial_out) {
+  c.strata.overlap_auto = false;  // each run in one mode
   c.strata.overlap = false;
   STRATA_ASSIGN_OR_RETURN(CutRun serial, t.model.run_cut(world, c, t.micro_batch, t.steps));
   c.strata.overlap = true;

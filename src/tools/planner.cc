@@ -67,7 +67,9 @@ Result<PlanCandidate> Evaluate(const Planning& g, PlanCandidate p) {
       PredictComputeSeconds(g.r.model.flops_per_sample, g.r.micro_batch, p.config.gradient_accumulation_steps,
                             g.r.rates.compute_flops_per_s);
   p.time = PredictPlanTime(g.r.rates, p.work, g.shared_cpu, p.config.zero.offload_optimizer.device);
+  // The plan decides (strata.overlap "auto" included): its choice is what it timed.
   p.config.strata.overlap = p.config.strata.overlap && p.time.overlapped_s <= p.time.serial_s;
+  p.config.strata.overlap_auto = false;
   p.predicted_s = p.config.strata.overlap ? p.time.overlapped_s : p.time.serial_s;
   p.critical_lane = p.config.strata.overlap ? p.time.critical : "serial";
   return p;

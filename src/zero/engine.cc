@@ -190,7 +190,8 @@ Result<std::unique_ptr<Engine::Impl>> Engine::Impl::Make(const Config& config, M
   s.rank = res.world->rank();
   s.world_size = res.world->size();
   s.stage = config.zero.stage;
-  s.overlap = config.strata.overlap;
+  s.overlap_tuner = zero::OverlapTuner(config.strata.overlap_auto, config.strata.overlap);
+  s.overlap = s.overlap_tuner.ModeFor(0);
   s.opt_tier = TierOf(config.zero.offload_optimizer.device);
   s.param_tier = TierOf(config.zero.offload_param.device);
   s.grad_tier = s.opt_tier == ZeroTier::kDevice ? ZeroTier::kDevice : ZeroTier::kHost;

@@ -160,6 +160,7 @@ uint64_t RandomNonce() {
 
 Status Engine::SaveCheckpoint(const std::string& dir_arg, const CheckpointMeta& meta) {
   Impl& s = *impl_;
+  s.window_disturbed = true;  // the save is no part of a step's time
   const std::string dir = ckpt::TrimDir(dir_arg);
   const std::string what = "SaveCheckpoint(" + dir + ")";
   Status local = ckpt::CheckCanCheckpoint(s, "SaveCheckpoint");

@@ -102,6 +102,7 @@ Status RestoreRest(Engine::Impl& s, const ckpt::Manifest& m) {
 
 Status Engine::LoadCheckpoint(const std::string& dir_arg, CheckpointMeta* meta) {
   Impl& s = *impl_;
+  s.window_disturbed = true;
   const std::string dir = ckpt::TrimDir(dir_arg);
   const std::string what = "LoadCheckpoint(" + dir + ")";
   ckpt::Manifest m;

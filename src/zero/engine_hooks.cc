@@ -44,6 +44,7 @@ Status Engine::SetEvaluating(bool evaluating) {
   }
   STRATA_RETURN_IF_ERROR(s.CheckHooksDone());
   s.evaluating = evaluating;
+  s.window_disturbed = true;  // its passes are no part of a step's time
   return OkStatus();
 }
 

@@ -29,6 +29,7 @@
 #include "zero/budget_check.h"
 #include "zero/device_ops.h"
 #include "zero/layout.h"
+#include "zero/overlap_tuner.h"
 #include "zero/serial_worker.h"
 #include "zero/trace.h"
 
@@ -130,7 +131,11 @@ struct Engine::Impl {
   size_t csize = 4;        // bytes per compute element
   int64_t opt_elems = 0;   // elements of a chunk this rank steps
   int64_t opt_offset = 0;  // where they start inside the chunk
-  bool overlap = true;
+  bool overlap = true;     // this window's mode (overlap_tuner's choice)
+  zero::OverlapTuner overlap_tuner{false, true};
+  int64_t window_end_ns = 0;      // when the last Step() ended
+  bool window_disturbed = false;  // an evaluation or checkpoint in this window: not timed
+  void TuneOverlap(StepResult& r);
   StreamId h2d, d2h, compute_stream;
   EngineLayoutInfo info;
   // Optional recorder (EngineResources::timeline): one track per engine lane.

@@ -51,8 +51,23 @@ Result<StepResult> Engine::Impl::StepOnce() {
   }
   STRATA_RETURN_IF_ERROR(EndWindow(g.overflow));
   TakeCounters(r, g.prefetch_depth);
+  TuneOverlap(r);
   ++step_epoch;
   return r;
+}
+
+void Engine::Impl::TuneOverlap(StepResult& r) {
+  r.overlapped = overlap;
+  const int64_t now = NowNs();
+  const int window = static_cast<int>(step_epoch);
+  if (window_end_ns > 0 && !window_disturbed &&
+      overlap_tuner.Record(window, static_cast<double>(now - window_end_ns) * 1e-9)) {
+    STRATA_LOG(kInfo, "engine") << "strata.overlap auto: " << overlap_tuner.reason() << " from step "
+                                << window + 2;
+  }
+  window_end_ns = now;
+  window_disturbed = false;
+  overlap = overlap_tuner.ModeFor(window + 1);
 }
 
 Status Engine::Impl::FinishReductions() {

@@ -170,6 +170,26 @@ TEST(Config, CrossKeyRules) {
   ExpectError(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})", {"bf16", "fp16"});
 }
 
+TEST(Config, OverlapIsAutoUnlessSet) {
+  auto dflt = ParseConfigText("{}");
+  ASSERT_TRUE(dflt.ok());
+  EXPECT_TRUE(dflt->strata.overlap_auto);
+  EXPECT_TRUE(dflt->strata.overlap) << "auto starts overlapped";
+  EXPECT_EQ(ConfigToJson(*dflt)["strata"]["overlap"], "auto");
+  for (bool v : {true, false}) {
+    auto c = ParseConfigText(std::string(R"({"strata": {"overlap": )") + (v ? "true" : "false") + "}}");
+    ASSERT_TRUE(c.ok());
+    EXPECT_FALSE(c->strata.overlap_auto);
+    EXPECT_EQ(c->strata.overlap, v);
+    EXPECT_EQ(ConfigToJson(*c)["strata"]["overlap"], v);
+    auto again = ParseConfig(ConfigToJson(*c));
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->strata.overlap, v);
+    EXPECT_FALSE(again->strata.overlap_auto);
+  }
+  ExpectError(R"({"strata": {"overlap": "sometimes"}})", {"strata.overlap", "\"auto\""});
+}
+
 TEST(Config, OffloadOptimizerRatioNeedsTheCpuOptimizer) {
   auto c = ParseConfigText(
       R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})");

@@ -82,6 +82,20 @@ inline void CheckOverlapEqualsSerial(Communicator& world, const std::string& ext
     ASSERT_TRUE(serial.status.ok()) << serial.status.ToString();
     ASSERT_TRUE(overlapped.status.ok()) << overlapped.status.ToString();
     EXPECT_TRUE(BitIdentical(serial, overlapped)) << ComboName(c) << " " << extra;
+    // "auto" alternates the two from the second step on and keeps the faster: the same
+    // result again, and its serial trial steps speculate nothing.
+    e["strata"]["overlap"] = "auto";
+    EngineRun tuned = RunEngine(world, MakeConfig(c, e.dump()), spec);
+    ASSERT_TRUE(tuned.status.ok()) << tuned.status.ToString();
+    EXPECT_TRUE(BitIdentical(serial, tuned)) << ComboName(c) << " auto " << extra;
+    ASSERT_GE(tuned.log.results.size(), 5u);
+    for (int w = 0; w < 5; ++w) {
+      const StepResult& r = tuned.log.results[w];
+      EXPECT_EQ(r.overlapped, w < 2 || w % 2 == 1) << ComboName(c) << " auto, step " << w;
+      if (!r.overlapped) {
+        EXPECT_EQ(r.speculative_steps, 0) << ComboName(c) << " auto, step " << w;
+      }
+    }
     int speculative = 0, redone = 0;
     for (const auto& r : overlapped.log.results) {
       speculative += r.speculative_steps;
