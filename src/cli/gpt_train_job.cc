@@ -128,7 +128,8 @@ struct Loop {
                                    {"tokens_per_s", tokens_per_s},
                                    {"seconds", seconds},
                                    {"grad_norm", r.result.grad_norm},
-                                   {"skipped", r.result.skipped}};
+                                   {"skipped", r.result.skipped},
+                                   {"overlapped", r.result.overlapped}};
       steps.push_back(line);
       if (world.rank() == 0) log.Write(line);
       if (print)

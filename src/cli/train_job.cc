@@ -37,7 +37,8 @@ nlohmann::json Report(const TrainJob& job, const EngineLayoutInfo& l, const zero
                      {"seconds", log.timing[i].total_s()},
                      {"loss_scale", log.loss_scales[i]},
                      {"skipped", static_cast<bool>(log.skipped[i])},
-                     {"grad_norm", log.results[i].grad_norm}});
+                     {"grad_norm", log.results[i].grad_norm},
+                     {"overlapped", log.results[i].overlapped}});
   }
   return {{"config", ConfigToJson(job.config)},
           {"world_size", world_size},
