@@ -14,6 +14,7 @@
 #include "strata/token_data.h"
 #include "strata/units.h"
 #include "tools/model_engine.h"
+#include "tools/process_memory.h"
 #include "tools/step_bench.h"
 #include "zero/gpt_trainer.h"
 

@@ -101,7 +101,8 @@ std::string Report(const tools::PlanRequest& r, const std::vector<tools::PlanCan
                     std::to_string(r.world_size) + (r.world_size == 1 ? " rank" : " ranks") + ", overlap " +
                     (r.base.strata.overlap ? "on" : "off") + "\n";
   out += "rates (" + rates_from + "): " + RatesLine(r.rates) + "\n\n";
-  Table t({"#", "configuration", "device", "pinned host", "NVMe", "resident", "overlap", "step", "waits on"});
+  Table t({"#", "configuration", "device", "pinned host", "process", "NVMe", "resident", "overlap", "step",
+           "waits on"});
   int n = 0;
   for (const tools::PlanCandidate& c : all) {
     if (!c.fits) continue;
@@ -113,8 +114,8 @@ std::string Report(const tools::PlanRequest& r, const std::vector<tools::PlanCan
                                      ? std::to_string(l.optimizer_device_chunks) + of + " on device"
                                      : "-";
     t.AddRow({std::to_string(++n), c.name, FormatBytes(l.device_need), FormatBytes(l.host_need),
-              FormatBytes(l.nvme_need), resident, c.config.strata.overlap ? "on" : "off",
-              FormatSeconds(c.predicted_s), c.critical_lane});
+              FormatBytes(c.process.total()), FormatBytes(l.nvme_need), resident,
+              c.config.strata.overlap ? "on" : "off", FormatSeconds(c.predicted_s), c.critical_lane});
   }
   out += n > 0 ? t.Render() : "no configuration fits the budgets\n";
   bool header = false;
@@ -129,6 +130,11 @@ std::string Report(const tools::PlanRequest& r, const std::vector<tools::PlanCan
            FormatSeconds(best.predicted_s) + " a step\n";
     for (const EngineNeedPart& p : best.layout.need_parts)
       out += "  " + p.tier + ": " + FormatBytes(p.bytes) + "  " + p.what + "\n";
+    const tools::ProcessMemory& m = best.process;
+    out += "  process: " + FormatBytes(m.total()) + "  the binary and libraries as loaded (" +
+           FormatBytes(m.base) + "), the engine's creation scratch (" + FormatBytes(m.creation) +
+           ") and the activations (" + FormatBytes(m.activations) +
+           ", an upper bound; device memory on a GPU), not pinned\n";
     out +=
         "  (each tier's total above also holds what its budget leaves room for: spares, staging depth, "
         "resident chunks, gather buffers)\n";
@@ -183,6 +189,7 @@ void Run(PlanFlags& f) {
   r.model = BuildPlanModel(f.train, *config);
   r.world_size = f.world_size;
   r.micro_batch = config->train_micro_batch_size_per_gpu;
+  r.process_base = tools::CurrentRssBytes();  // before the probes' buffers
   Result<tools::LaneRates> rates = f.profile.empty() ? tools::MeasurePlanRates(r) : LoadProfile(f.profile);
   ThrowIfError(rates.status());
   r.rates = *rates;

@@ -10,6 +10,7 @@
 #include "strata/lr_schedule.h"
 #include "strata/swap_files.h"
 #include "strata/units.h"
+#include "tools/process_memory.h"
 #include "tools/step_bench.h"
 
 namespace strata::cli {

@@ -13,6 +13,7 @@
 #include "strata/swap_files.h"
 #include "strata/units.h"
 #include "tools/model_engine.h"
+#include "tools/process_memory.h"
 #include "tools/step_bench.h"
 #include "zero/trainer.h"
 

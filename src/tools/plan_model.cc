@@ -39,6 +39,30 @@ double GptFlopsPerSequence(const model::GptSpec& s, int64_t seq) {
          12.0 * static_cast<double>(s.n_layer) * seq * seq * s.n_embd;
 }
 
+// Per layer and token: two LayerNorm outputs with their statistics, q|k|v, attention's
+// scores and probabilities (2 x n_head x seq), its output, projection and residual, the
+// MLP's 4x hidden before and after GELU, its projection and residual (16 n_embd + 4 +
+// 2 n_head seq floats); besides the blocks, the embedding, the final LayerNorm, and the
+// logits with their probabilities. With recompute, one block's worth and each block's
+// input. Measured here (0.84M GPT, seq 128, no recompute): 6.2 MiB a sequence against
+// 6.4 MiB counted.
+double GptActivationBytes(const model::GptSpec& s, int64_t seq, bool recompute) {
+  const double c = static_cast<double>(s.n_embd), t = static_cast<double>(seq);
+  const double layer = t * (16 * c + 4 + 2.0 * s.n_head * t);
+  const double blocks = recompute ? layer + s.n_layer * t * c : s.n_layer * layer;
+  return 4 * (blocks + t * (2 * c + 2 + 2.0 * s.vocab_size));
+}
+
+// Each layer's pre-activation and output, two gradient buffers of the widest layer, the
+// input and the targets, with the per-sample losses.
+double MlpActivationBytes(const model::MlpSpec& s) {
+  const std::vector<int64_t> dims = model::MlpDims(s);
+  double outputs = 0, widest = 0;
+  for (size_t k = 1; k < dims.size(); ++k) outputs += static_cast<double>(dims[k]);
+  for (int64_t d : dims) widest = std::max(widest, static_cast<double>(d));
+  return 4 * (2 * outputs + 2 * widest + static_cast<double>(dims.front() + 2 * dims.back()) + 2);
+}
+
 }  // namespace
 
 Result<PlanModel> MlpPlanModel(const model::MlpSpec& spec) {
@@ -53,6 +77,7 @@ Result<PlanModel> MlpPlanModel(const model::MlpSpec& spec) {
                   std::to_string(spec.hidden.size()) + " hidden layers of " + std::to_string(width) + ")";
   m.decl = model::MlpModules(spec);
   m.flops_per_sample = 6.0 * static_cast<double>(m.params);
+  m.activation_bytes_per_sample = MlpActivationBytes(spec);
   m.cut_params = model::MlpParameterCount(cut);
   m.cut_flops_per_sample = 6.0 * static_cast<double>(m.cut_params);
   m.run_cut = [cut](Communicator& world, const Config& config, int64_t micro_batch,
@@ -95,6 +120,7 @@ Result<PlanModel> GptPlanModel(const model::GptSpec& spec, int64_t seq, const st
                   ", sequences of " + std::to_string(seq) + ")";
   m.decl = model::GptModel(spec);
   m.flops_per_sample = GptFlopsPerSequence(spec, seq);
+  m.activation_bytes_per_sample = GptActivationBytes(spec, seq, recompute);
   m.cut_params = model::GptParameterCount(cut);
   m.cut_flops_per_sample = GptFlopsPerSequence(cut, seq);
   m.run_cut = [cut, seq, train, recompute](Communicator& world, const Config& config, int64_t micro_batch,

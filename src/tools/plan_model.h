@@ -30,6 +30,9 @@ struct PlanModel {
   ModelDecl decl;
   int64_t params = 0;
   double flops_per_sample = 0;  // forward and backward, per sample (a sequence for the GPT)
+  // fp32 activations and batch buffers the model keeps per sample through a micro-batch
+  // (an upper bound: the backward's transients are counted as if all live at once).
+  double activation_bytes_per_sample = 0;
   int64_t cut_params = 0;
   double cut_flops_per_sample = 0;
   // Runs 1 + `steps` steps of the cut model under `config` over `world` (one rank).

@@ -44,6 +44,7 @@ struct Planning {
   Communicator& world;
   Device& device;
   bool shared_cpu;
+  uint64_t process_base;
 };
 
 Result<PlanCandidate> Evaluate(const Planning& g, PlanCandidate p) {
@@ -62,6 +63,10 @@ Result<PlanCandidate> Evaluate(const Planning& g, PlanCandidate p) {
   }
   p.fits = true;
   p.layout = *plan;
+  const EngineLayoutInfo& l = p.layout;
+  p.process = EstimateProcessMemory(
+      g.process_base, l.chunk_elems, p.config.zero.stage == 0 ? l.chunk_elems : l.shard_elems,
+      ComputeBytes(p.config), g.r.model.activation_bytes_per_sample, g.r.micro_batch);
   p.work = PredictTraffic(p.config, g.r.world_size, p.layout);
   p.work.compute_s =
       PredictComputeSeconds(g.r.model.flops_per_sample, g.r.micro_batch, p.config.gradient_accumulation_steps,
@@ -142,7 +147,7 @@ Result<std::vector<PlanCandidate>> PlanConfigurations(const PlanRequest& r) {
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(dopt));
   const bool shared_cpu = device->kind() != DeviceKind::kCuda;
   const bool with_nvme = !SwapPaths(r.base, r.base.zero.offload_optimizer).empty();
-  const Planning g{r, *world, *device, shared_cpu};
+  const Planning g{r, *world, *device, shared_cpu, r.process_base ? r.process_base : CurrentRssBytes()};
   std::vector<PlanCandidate> out;
   for (const Combo& k : Combos(with_nvme)) {
     PlanCandidate p;
@@ -173,8 +178,15 @@ nlohmann::json ToJson(const PlanCandidate& c) {
   nlohmann::json parts = nlohmann::json::array();
   for (const EngineNeedPart& p : l.need_parts)
     parts.push_back({{"tier", p.tier}, {"what", p.what}, {"bytes", p.bytes}});
-  j["memory"] = {
-      {"device", l.device_need}, {"host", l.host_need}, {"nvme", l.nvme_need}, {"fixed_parts", parts}};
+  j["memory"] = {{"device", l.device_need},
+                 {"host", l.host_need},
+                 {"nvme", l.nvme_need},
+                 {"fixed_parts", parts},
+                 {"process",
+                  {{"base", c.process.base},
+                   {"creation", c.process.creation},
+                   {"activations", c.process.activations},
+                   {"total", c.process.total()}}}};
   j["layout"] = {{"params", l.num_params},
                  {"chunks", l.num_chunks},
                  {"chunk_elems", l.chunk_elems},

@@ -23,6 +23,7 @@
 #include "strata/engine.h"
 #include "tools/plan_model.h"
 #include "tools/plan_time.h"
+#include "tools/process_memory.h"
 #include "tools/step_model.h"
 
 namespace strata::tools {
@@ -33,6 +34,9 @@ struct PlanRequest {
   int world_size = 1;
   int64_t micro_batch = 1;  // per rank
   LaneRates rates;          // with compute_flops_per_s
+  // The process's resident set before the run's own allocations (the binary and its
+  // libraries); 0: measured when planning (CurrentRssBytes), after the rates' probes.
+  uint64_t process_base = 0;
 };
 
 struct PlanCandidate {
@@ -42,6 +46,9 @@ struct PlanCandidate {
   bool fits = false;
   std::string refusal;  // why it does not fit or is not valid
   EngineLayoutInfo layout;
+  // The process beside the engine's tiers (process_memory.h): host memory on the sim
+  // device, where it counts against the machine's RAM with the pinned need.
+  ProcessMemory process;
   LaneWork work;
   PlanTime time;
   // The faster of the serial and the overlapped step when the base config leaves

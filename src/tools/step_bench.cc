@@ -1,7 +1,5 @@
 #include "tools/step_bench.h"
 
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -13,6 +11,7 @@
 #include "strata/timeline.h"
 #include "strata/units.h"
 #include "tools/model_engine.h"
+#include "tools/process_memory.h"
 
 namespace strata::tools {
 namespace {
@@ -120,11 +119,6 @@ nlohmann::json RunJson(const StepBenchRun& r) {
 }
 
 }  // namespace
-
-uint64_t PeakRssBytes() {
-  struct rusage ru {};
-  return getrusage(RUSAGE_SELF, &ru) == 0 ? static_cast<uint64_t>(ru.ru_maxrss) * 1024 : 0;
-}
 
 Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions& o, std::string* text) {
   // Each run keeps one mode: with strata.overlap "auto" the overlapped run and the serial

@@ -10,6 +10,7 @@
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/disk_stats.h"
+#include "tools/process_memory.h"
 #include "tools/step_model.h"
 #include "zero/trainer.h"
 
@@ -43,9 +44,6 @@ struct StepBenchRun {
   // the engine's pinned arena and, on the sim device, its "device" memory included).
   uint64_t peak_rss = 0;
 };
-
-// The process's peak resident set so far (getrusage); 0 where it cannot be read.
-uint64_t PeakRssBytes();
 
 // Runs the configured engine (and the serial variant), collective over `world`.
 // Returns the report as JSON; `text` receives the human-readable form.

@@ -324,6 +324,26 @@ TEST(Planner, ADeviceSplitTakesTheChunksTheDeviceRoomHolds) {
   }
 }
 
+// The process beside the tiers: its resident set when planning, the engine's creation
+// scratch, and the activations (test model: dims 64, 96, 80, 64, 10 -> 2 x 250 outputs
+// + 2 x 96 widest + 64 input + 2 x 10 targets + 2 = 778 floats a sample).
+TEST(Planner, TheProcessBesideTheTiersIsCounted) {
+  Result<std::vector<PlanCandidate>> all = PlanWith("{}");
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  int fits = 0;
+  for (const PlanCandidate& c : *all) {
+    if (!c.fits) continue;
+    ++fits;
+    const EngineLayoutInfo& l = c.layout;
+    const uint64_t opt = c.config.zero.stage == 0 ? l.chunk_elems : l.shard_elems;
+    EXPECT_GT(c.process.base, 0u) << c.name;
+    EXPECT_EQ(c.process.creation, 8ull * l.chunk_elems + 12 * opt) << c.name;
+    EXPECT_EQ(c.process.activations, 8u * 778 * 4) << c.name;
+    EXPECT_EQ(c.process.total(), c.process.base + c.process.creation + c.process.activations);
+  }
+  EXPECT_GT(fits, 0);
+}
+
 TEST(Planner, NothingFitsAndEachSaysWhy) {
   Result<std::vector<PlanCandidate>> all =
       PlanWith("{\"strata\": {\"device_budget\": 4096, \"host_budget\": 4096}}");

@@ -1,0 +1,34 @@
+#include "tools/process_memory.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+namespace strata::tools {
+
+uint64_t PeakRssBytes() {
+  struct rusage ru {};
+  return getrusage(RUSAGE_SELF, &ru) == 0 ? static_cast<uint64_t>(ru.ru_maxrss) * 1024 : 0;
+}
+
+uint64_t CurrentRssBytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  unsigned long long size = 0, resident = 0;
+  const int got = std::fscanf(f, "%llu %llu", &size, &resident);
+  std::fclose(f);
+  return got == 2 ? resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) : 0;
+}
+
+ProcessMemory EstimateProcessMemory(uint64_t base, int64_t chunk_elems, int64_t opt_elems, int compute_bytes,
+                                    double activation_bytes_per_sample, int64_t micro_batch) {
+  ProcessMemory m;
+  m.base = base;
+  m.creation =
+      static_cast<uint64_t>(chunk_elems) * (4 + compute_bytes) + 12ull * static_cast<uint64_t>(opt_elems);
+  m.activations = static_cast<uint64_t>(activation_bytes_per_sample * static_cast<double>(micro_batch));
+  return m;
+}
+
+}  // namespace strata::tools

@@ -1,0 +1,31 @@
+// What the process itself holds beside the engine's tiers: its resident set now and at
+// its peak, and the plan's estimate of what a training run will add (#26's honest memory
+// account). Linux: /proc/self/statm and getrusage. Any thread.
+#pragma once
+
+#include <cstdint>
+
+namespace strata::tools {
+
+// The process's peak resident set so far (getrusage); 0 where it cannot be read.
+uint64_t PeakRssBytes();
+
+// The process's resident set now (/proc/self/statm); 0 where it cannot be read.
+uint64_t CurrentRssBytes();
+
+// The process memory a training run needs beside the engine's device and pinned host
+// needs, as `strata plan` counts it: the binary and libraries as loaded (`base`), the
+// engine's creation scratch (a whole fp32 chunk, its compute copy, and one fp32 master |
+// m | v of the elements this rank steps, as InitParams fills them), and the model's
+// activations. On the sim device all of it is host memory; on a GPU the activations are
+// device memory beside the engine's budget.
+struct ProcessMemory {
+  uint64_t base = 0;
+  uint64_t creation = 0;
+  uint64_t activations = 0;
+  uint64_t total() const { return base + creation + activations; }
+};
+ProcessMemory EstimateProcessMemory(uint64_t base, int64_t chunk_elems, int64_t opt_elems, int compute_bytes,
+                                    double activation_bytes_per_sample, int64_t micro_batch);
+
+}  // namespace strata::tools
