@@ -42,6 +42,8 @@ def flags_of(c: dict) -> list[str]:
         f += ["--offload-optimizer", c["offload_optimizer"]]
     if c["stage"] == 3:
         f += ["--offload-param", c["offload_param"]]
+    if c.get("offload_optimizer_ratio", 1) != 1:
+        f += ["--offload-optimizer-ratio", repr(c["offload_optimizer_ratio"])]
     return f
 
 
