@@ -14,6 +14,7 @@
 #include "strata/token_data.h"
 #include "strata/units.h"
 #include "tools/model_engine.h"
+#include "tools/plan_model.h"
 #include "tools/process_memory.h"
 #include "tools/step_bench.h"
 #include "zero/gpt_trainer.h"
@@ -164,6 +165,7 @@ struct Loop {
 int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& guard) {
   const bool rank0 = world.rank() == 0;
   StartRun(world, job.config, guard);
+  const uint64_t base_rss = tools::CurrentRssBytes();  // before the engine and the model
   const model::TokenFile train = OpenTokens(job.train_path, "training");
   const model::TokenFile val = OpenTokens(job.val_path, "validation");
   // A log that cannot be written is refused before the engine's set-up, which takes
@@ -212,7 +214,10 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
         {"evaluations", loop.evals}};
     std::printf("%s\n", report.dump(2).c_str());
   } else if (rank0) {
-    std::printf("%s\n", MemoryAccountLine(layout, job.config).c_str());
+    std::printf("%s\n", MemoryAccountLine(layout, job.config, base_rss,
+                                          tools::GptActivationBytes(job.model, job.seq,
+                                                                    job.config.activation_checkpointing))
+                            .c_str());
   }
   return 0;
 }

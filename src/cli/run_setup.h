@@ -54,7 +54,11 @@ class StepProgress {
 // The measured memory beside the plan's, for the end of a run: "memory: peak RSS 1.42
 // GiB; the plan: device 200 MiB + pinned host 976 MiB (the sim device's memory is in the
 // RSS; the rest is the process: activations, batches, the binary)".
-std::string MemoryAccountLine(const EngineLayoutInfo& layout, const Config& config);
+// `base_rss`: the process's resident set before the engine was made; activation bytes a
+// sample keeps (tools/plan_model.h). Beside the peak RSS: the plan's device, pinned host
+// and process figures (tools/process_memory.h).
+std::string MemoryAccountLine(const EngineLayoutInfo& layout, const Config& config, uint64_t base_rss,
+                              double activation_bytes_per_sample);
 
 // The unwinding after a failed training call: an interrupt's message and exit status
 // (returned), else the failure thrown as CliError, prefixed by the peers that vanished.

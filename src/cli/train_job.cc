@@ -13,6 +13,7 @@
 #include "strata/swap_files.h"
 #include "strata/units.h"
 #include "tools/model_engine.h"
+#include "tools/plan_model.h"
 #include "tools/process_memory.h"
 #include "tools/step_bench.h"
 #include "zero/trainer.h"
@@ -54,6 +55,7 @@ nlohmann::json Report(const TrainJob& job, const EngineLayoutInfo& l, const zero
 int RunTrainJob(Communicator& world, const TrainJob& job, InterruptGuard& guard) {
   const bool rank0 = world.rank() == 0;
   StartRun(world, job.config, guard);
+  const uint64_t base_rss = tools::CurrentRssBytes();  // before the engine and the model
   auto setup = tools::CreateMlpEngine(world, job.config, job.model, nullptr);
   if (!setup.ok()) return EndFailedRun(setup.status(), guard);
   const EngineLayoutInfo layout = setup->engine->layout_info();
@@ -88,7 +90,9 @@ int RunTrainJob(Communicator& world, const TrainJob& job, InterruptGuard& guard)
     const size_t timed = log->timing.size() > 1 ? log->timing.size() - 1 : 1;
     std::printf("done: %d steps, %s per step after the first, final loss %.6f\n", job.steps,
                 FormatSeconds(sum / timed).c_str(), log->losses.back());
-    std::printf("%s\n", MemoryAccountLine(layout, job.config).c_str());
+    std::printf(
+        "%s\n",
+        MemoryAccountLine(layout, job.config, base_rss, tools::MlpActivationBytes(job.model)).c_str());
   }
   return 0;
 }

@@ -46,6 +46,8 @@ double GptFlopsPerSequence(const model::GptSpec& s, int64_t seq) {
 // logits with their probabilities. With recompute, one block's worth and each block's
 // input. Measured here (0.84M GPT, seq 128, no recompute): 6.2 MiB a sequence against
 // 6.4 MiB counted.
+}  // namespace
+
 double GptActivationBytes(const model::GptSpec& s, int64_t seq, bool recompute) {
   const double c = static_cast<double>(s.n_embd), t = static_cast<double>(seq);
   const double layer = t * (16 * c + 4 + 2.0 * s.n_head * t);
@@ -62,8 +64,6 @@ double MlpActivationBytes(const model::MlpSpec& s) {
   for (int64_t d : dims) widest = std::max(widest, static_cast<double>(d));
   return 4 * (2 * outputs + 2 * widest + static_cast<double>(dims.front() + 2 * dims.back()) + 2);
 }
-
-}  // namespace
 
 Result<PlanModel> MlpPlanModel(const model::MlpSpec& spec) {
   STRATA_RETURN_IF_ERROR(model::ValidateSpec(spec));

@@ -40,6 +40,11 @@ struct PlanModel {
       run_cut;
 };
 
+// fp32 activation bytes a sample keeps through a micro-batch (PlanModel's
+// activation_bytes_per_sample): the reference MLP, and the GPT on sequences of `seq`.
+double MlpActivationBytes(const model::MlpSpec& spec);
+double GptActivationBytes(const model::GptSpec& spec, int64_t seq, bool recompute);
+
 // The reference MLP; cut to as many hidden layers as fit in about 48M parameters (one to
 // four). InvalidArgument for an invalid spec.
 Result<PlanModel> MlpPlanModel(const model::MlpSpec& spec);

@@ -165,6 +165,8 @@ TEST_F(PlanCli, TrainConfigAutoPlansTheGptTooWhichIsTheDefaultJob) {
       << "the summary says where the stage came from\n"
       << r.out;
   EXPECT_NE(r.out.find("memory: peak RSS"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" + process "), std::string::npos) << "the process beside the tiers\n" << r.out;
+  EXPECT_NE(r.out.find("activations at most "), std::string::npos) << r.out;
 }
 
 TEST_F(PlanCli, TrainConfigAutoRefusesWhatItWouldOverride) {
