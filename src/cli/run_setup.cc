@@ -12,7 +12,6 @@
 #include "strata/units.h"
 #include "tools/process_memory.h"
 #include "tools/step_bench.h"
-#include "tools/step_traffic.h"
 
 namespace strata::cli {
 namespace {
@@ -167,9 +166,8 @@ std::string StepProgress::Line(int step, double loss, double lr, double seconds,
 std::string MemoryAccountLine(const EngineLayoutInfo& l, const Config& c, uint64_t base_rss,
                               double activation_bytes_per_sample) {
   const bool sim = c.strata.device != DeviceKind::kCuda;
-  const tools::ProcessMemory p = tools::EstimateProcessMemory(
-      base_rss, l.chunk_elems, c.zero.stage == 0 ? l.chunk_elems : l.shard_elems, tools::ComputeBytes(c),
-      activation_bytes_per_sample, c.train_micro_batch_size_per_gpu);
+  const tools::ProcessMemory p = tools::EstimateProcessMemory(base_rss, l, c, activation_bytes_per_sample,
+                                                              c.train_micro_batch_size_per_gpu);
   return "memory: peak RSS " + FormatBytes(tools::PeakRssBytes()) + "; the plan: device " +
          FormatBytes(l.device_need) + " + pinned host " + FormatBytes(l.host_need) + " + process " +
          FormatBytes(p.total()) + " (binary and libraries " + FormatBytes(p.base) + ", creation scratch " +

@@ -63,10 +63,8 @@ Result<PlanCandidate> Evaluate(const Planning& g, PlanCandidate p) {
   }
   p.fits = true;
   p.layout = *plan;
-  const EngineLayoutInfo& l = p.layout;
-  p.process = EstimateProcessMemory(
-      g.process_base, l.chunk_elems, p.config.zero.stage == 0 ? l.chunk_elems : l.shard_elems,
-      ComputeBytes(p.config), g.r.model.activation_bytes_per_sample, g.r.micro_batch);
+  p.process = EstimateProcessMemory(g.process_base, p.layout, p.config, g.r.model.activation_bytes_per_sample,
+                                    g.r.micro_batch);
   p.work = PredictTraffic(p.config, g.r.world_size, p.layout);
   p.work.compute_s =
       PredictComputeSeconds(g.r.model.flops_per_sample, g.r.micro_batch, p.config.gradient_accumulation_steps,

@@ -5,6 +5,8 @@
 
 #include <cstdio>
 
+#include "tools/step_traffic.h"
+
 namespace strata::tools {
 
 uint64_t PeakRssBytes() {
@@ -21,12 +23,13 @@ uint64_t CurrentRssBytes() {
   return got == 2 ? resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) : 0;
 }
 
-ProcessMemory EstimateProcessMemory(uint64_t base, int64_t chunk_elems, int64_t opt_elems, int compute_bytes,
+ProcessMemory EstimateProcessMemory(uint64_t base, const EngineLayoutInfo& layout, const Config& config,
                                     double activation_bytes_per_sample, int64_t micro_batch) {
+  const uint64_t chunk = static_cast<uint64_t>(layout.chunk_elems);
+  const uint64_t opt = config.zero.stage == 0 ? chunk : static_cast<uint64_t>(layout.shard_elems);
   ProcessMemory m;
   m.base = base;
-  m.creation =
-      static_cast<uint64_t>(chunk_elems) * (4 + compute_bytes) + 12ull * static_cast<uint64_t>(opt_elems);
+  m.creation = chunk * (4 + ComputeBytes(config)) + 12 * opt;
   m.activations = static_cast<uint64_t>(activation_bytes_per_sample * static_cast<double>(micro_batch));
   return m;
 }

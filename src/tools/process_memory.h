@@ -5,6 +5,9 @@
 
 #include <cstdint>
 
+#include "strata/config.h"
+#include "strata/engine.h"
+
 namespace strata::tools {
 
 // The process's peak resident set so far (getrusage); 0 where it cannot be read.
@@ -25,7 +28,8 @@ struct ProcessMemory {
   uint64_t activations = 0;
   uint64_t total() const { return base + creation + activations; }
 };
-ProcessMemory EstimateProcessMemory(uint64_t base, int64_t chunk_elems, int64_t opt_elems, int compute_bytes,
+// `layout`: the engine's plan under `config`.
+ProcessMemory EstimateProcessMemory(uint64_t base, const EngineLayoutInfo& layout, const Config& config,
                                     double activation_bytes_per_sample, int64_t micro_batch);
 
 }  // namespace strata::tools
