@@ -9,6 +9,7 @@
 // buffers, iteration count and warm-up; buffers are allocated and touched once.
 //
 // Run: mpirun -np 2 --bind-to none strata bench comm   (or without mpirun: 1 rank)
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -48,10 +49,10 @@ struct Row {
   std::string dtype;
   uint64_t bytes = 0;
   int iters = 0;
-  double time_s = 0;       // per operation, median
-  double algbw = 0;        // bytes/s
+  double time_s = 0;  // per operation, median
+  double algbw = 0;   // bytes/s
   double busbw = 0;
-  double raw_time_s = 0;   // host only
+  double raw_time_s = 0;  // host only
   double raw_busbw = 0;
 };
 
@@ -79,7 +80,8 @@ Result<Op> ParseOp(const std::string& s) {
   if (s == "reducescatter") return Op::kReduceScatter;
   if (s == "allreduce") return Op::kAllReduce;
   if (s == "broadcast") return Op::kBroadcast;
-  return InvalidArgumentError("--ops: unknown operation '" + s + "' (allgather|reducescatter|allreduce|broadcast)");
+  return InvalidArgumentError("--ops: unknown operation '" + s +
+                              "' (allgather|reducescatter|allreduce|broadcast)");
 }
 
 Result<DType> ParseDType(const std::string& s) {
@@ -112,7 +114,8 @@ Result<double> AverageOverRanks(Communicator& host, double t) {
   return static_cast<double>(v);
 }
 
-Status RunSpace(Communicator& c, Communicator& host, bool raw, const CommBenchOptions& o, std::vector<Row>* rows) {
+Status RunSpace(Communicator& c, Communicator& host, bool raw, const CommBenchOptions& o,
+                std::vector<Row>* rows) {
   const int n = c.size();
   std::vector<uint64_t> sizes;
   for (const std::string& s : o.sizes) {
@@ -126,7 +129,8 @@ Status RunSpace(Communicator& c, Communicator& host, bool raw, const CommBenchOp
   STRATA_ASSIGN_OR_RETURN(void* recv, c.AllocateBuffer(largest + 64));
   std::unique_ptr<void, std::function<void(void*)>> free_send(send, [&](void* p) { c.FreeBuffer(p); });
   std::unique_ptr<void, std::function<void(void*)>> free_recv(recv, [&](void* p) { c.FreeBuffer(p); });
-  if (c.memory_space() == MemorySpace::kHost) {  // bf16/fp16 1.0 is not 0x3f800000, but any finite value will do
+  if (c.memory_space() ==
+      MemorySpace::kHost) {  // bf16/fp16 1.0 is not 0x3f800000, but any finite value will do
     std::memcpy(send, ones.data(), largest);
     std::memcpy(recv, ones.data(), largest);
   } else {
@@ -227,12 +231,18 @@ void Run(const CommBenchOptions& o) {
     if (o.json) {
       json j;
       j["world_size"] = host.size();
-      j["definitions"] = "nccl-tests: size = full buffer; busbw = algbw x (n-1)/n (allgather, reducescatter), "
-                         "x 2(n-1)/n (allreduce), x 1 (broadcast)";
+      j["definitions"] =
+          "nccl-tests: size = full buffer; busbw = algbw x (n-1)/n (allgather, reducescatter), "
+          "x 2(n-1)/n (allreduce), x 1 (broadcast)";
       json arr = json::array();
       for (const Row& r : rows) {
-        json e = {{"space", r.space}, {"op", r.op},     {"dtype", r.dtype},           {"bytes", r.bytes},
-                  {"iters", r.iters}, {"time_s", r.time_s}, {"algbw_GBps", r.algbw / 1e9},
+        json e = {{"space", r.space},
+                  {"op", r.op},
+                  {"dtype", r.dtype},
+                  {"bytes", r.bytes},
+                  {"iters", r.iters},
+                  {"time_s", r.time_s},
+                  {"algbw_GBps", r.algbw / 1e9},
                   {"busbw_GBps", r.busbw / 1e9}};
         if (r.space == "host") {
           e["raw_mpi_time_s"] = r.raw_time_s;
@@ -245,16 +255,17 @@ void Run(const CommBenchOptions& o) {
       if (!device_note.empty()) j["device_note"] = device_note;
       std::cout << j.dump(2) << "\n";
     } else {
-      std::printf("strata bench comm: %d rank(s); nccl-tests definitions (size = full buffer; busbw = algbw x "
-                  "(n-1)/n for allgather/reducescatter, x 2(n-1)/n allreduce, x 1 broadcast)\n",
-                  host.size());
+      std::printf(
+          "strata bench comm: %d rank(s); nccl-tests definitions (size = full buffer; busbw = algbw x "
+          "(n-1)/n for allgather/reducescatter, x 2(n-1)/n allreduce, x 1 broadcast)\n",
+          host.size());
       Table t({"space", "op", "dtype", "size", "time", "algbw GB/s", "busbw GB/s", "raw MPI busbw", "ratio"});
       for (const Row& r : rows) {
         bool h = r.space == "host";
         char ratio[16];
         std::snprintf(ratio, sizeof(ratio), "%.2f", r.raw_time_s > 0 ? r.raw_time_s / r.time_s : 0.0);
-        t.AddRow({r.space, r.op, r.dtype, FormatBytes(r.bytes), FormatSeconds(r.time_s), Gbs(r.algbw), Gbs(r.busbw),
-                  h ? Gbs(r.raw_busbw) : "-", h ? ratio : "-"});
+        t.AddRow({r.space, r.op, r.dtype, FormatBytes(r.bytes), FormatSeconds(r.time_s), Gbs(r.algbw),
+                  Gbs(r.busbw), h ? Gbs(r.raw_busbw) : "-", h ? ratio : "-"});
       }
       std::printf("%s", t.Render().c_str());
       std::printf("ratio = raw MPI time / Communicator time (>= 1: the Communicator is faster)\n");
@@ -270,7 +281,8 @@ void Run(const CommBenchOptions& o) {
 void AddBenchCommCommand(CLI::App& bench) {
   auto o = std::make_shared<CommBenchOptions>();
   CLI::App* cmd = bench.add_subcommand(
-      "comm", "collectives: Communicator vs raw MPI (host) and NCCL (device); run under `mpirun --bind-to none`");
+      "comm",
+      "collectives: Communicator vs raw MPI (host) and NCCL (device); run under `mpirun --bind-to none`");
   cmd->add_option("--sizes", o->sizes, "full-buffer sizes (nccl-tests' size)")->delimiter(',');
   cmd->add_option("--ops", o->ops, "allgather,reducescatter,allreduce,broadcast")->delimiter(',');
   cmd->add_option("--dtypes", o->dtypes, "f32,bf16,fp16")->delimiter(',');

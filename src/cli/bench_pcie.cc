@@ -5,6 +5,7 @@
 // memcpy on sim) of the same size.
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

@@ -1,5 +1,6 @@
 // `strata bench step` and `strata bench swap`: training steps of the MLP measured beside
 // the step-time model's bound (tools/step_bench.h).
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>

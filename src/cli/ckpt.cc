@@ -2,6 +2,7 @@
 // what a checkpoint holds (its manifest, summarised), whether every file still matches
 // its checksums, and its weights as a safetensors file (include/strata/checkpoint.h has
 // the format).
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>

@@ -3,9 +3,9 @@
 // main() prints the Status and exits non-zero.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <stdexcept>
 
+#include "cli/cli_fwd.h"
 #include "strata/status.h"
 
 namespace strata::cli {

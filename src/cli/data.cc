@@ -1,5 +1,6 @@
 // `strata data prepare` and `strata data info`: token files for language-model training
 // (format and errors in include/strata/token_data.h).
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
 #include <string>

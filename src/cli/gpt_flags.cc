@@ -1,5 +1,6 @@
 #include "cli/gpt_flags.h"
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
 
 #include "strata/token_data.h"

@@ -2,11 +2,11 @@
 // sampling and the log; their checks, the model they describe, and the default corpus.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "cli/cli_fwd.h"
 #include "cli/gpt_train_job.h"
 #include "strata/gpt.h"
 #include "strata/status.h"

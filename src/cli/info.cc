@@ -2,6 +2,7 @@
 // limits, and the block device behind the swap paths. A table, or JSON with --json.
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>

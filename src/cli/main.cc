@@ -1,4 +1,5 @@
 // `strata`: one binary, subcommands (info, bench ..., later train and ckpt).
+#include <CLI/CLI.hpp>
 #include <cstdio>
 
 #include "cli/commands.h"

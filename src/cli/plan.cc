@@ -1,5 +1,6 @@
 // `strata plan`: before a run, which stage and offload configurations of a model fit the
 // budgets, where each byte goes, and how long each step should take (tools/planner.h).
+#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>

@@ -1,4 +1,5 @@
 // `strata train`: the GPT on token files by default, or the reference MLP.
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <memory>

@@ -1,5 +1,6 @@
 #include "cli/train_flags.h"
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>

@@ -4,13 +4,13 @@
 // start-up summary). A flag of the model not chosen is refused, not ignored.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "cli/cli_fwd.h"
 #include "cli/gpt_flags.h"
 #include "strata/comm.h"
 #include "strata/config.h"

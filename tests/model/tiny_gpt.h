@@ -228,7 +228,7 @@ class TinyGpt {
 inline const Golden& GoldenData() {
   static const Golden* golden = [] {
     auto* g = new Golden;
-    const std::string error = ReadGolden(std::string(STRATA_TEST_DATA_DIR) + "/gpt_golden.bin", g);
+    const std::string error = ReadGolden(STRATA_TEST_DATA_DIR "/gpt_golden.bin", g);
     STRATA_CHECK_MSG(error.empty(), error);
     return g;
   }();
