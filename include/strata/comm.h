@@ -99,7 +99,7 @@ class [[nodiscard]] CommHandle {
 };
 
 struct CommOptions {
-  std::string name = "world";        // shown in logs and watchdog reports
+  std::string name = "world";         // shown in logs and watchdog reports
   double collective_timeout_s = 300;  // watchdog limit per collective (> 0)
   // Tests: treat every rank as if it were on a node of its own, so that what must cross
   // nodes (the failure notice, PostFailure) is exercised on one machine. The watch board

@@ -66,11 +66,11 @@ struct IoEngineOptions {
 
 // What the kernel says about io_uring here (for `strata info` and the auto backend).
 struct IoUringProbe {
-  bool usable = false;            // a ring could be created and a no-op completed
-  std::string reason;             // why not, when !usable (errno text), else empty
-  std::string kernel;             // uname -r
+  bool usable = false;                // a ring could be created and a no-op completed
+  std::string reason;                 // why not, when !usable (errno text), else empty
+  std::string kernel;                 // uname -r
   std::vector<std::string> features;  // e.g. "fixed-buffers", "registered-files", "sqpoll"
-  bool sqpoll = false;            // a SQPOLL ring could be created
+  bool sqpoll = false;                // a SQPOLL ring could be created
 };
 // Creates a throwaway ring; cheap (about a millisecond). Thread-safe.
 IoUringProbe ProbeIoUring();
@@ -176,8 +176,7 @@ class IoEngine {
   // requests are validated first: any invalid one rejects the whole batch with nothing
   // queued. The handle completes when every request has. `on_request_done`, if set, is
   // called once per request (see IoRequestCallback).
-  Result<IoHandle> Submit(std::span<const IoRequest> requests,
-                          IoRequestCallback on_request_done = nullptr);
+  Result<IoHandle> Submit(std::span<const IoRequest> requests, IoRequestCallback on_request_done = nullptr);
   Result<IoHandle> Read(int file, uint64_t offset, uint64_t length, void* buffer);
   Result<IoHandle> Write(int file, uint64_t offset, uint64_t length, const void* buffer);
 
@@ -193,8 +192,8 @@ class IoEngine {
 
   IoEngineOptions options_;
   struct Counters {
-    std::atomic<uint64_t> requests{0}, pieces{0}, submits{0}, short_retries{0},
-        again_retries{0}, fixed_pieces{0};
+    std::atomic<uint64_t> requests{0}, pieces{0}, submits{0}, short_retries{0}, again_retries{0},
+        fixed_pieces{0};
   };
   mutable Counters counters_;
 };

@@ -47,7 +47,7 @@ class LogMessage {
 
 // A for statement rather than if/else, so that `if (x) STRATA_LOG(...) << y;` needs no
 // braces and draws no dangling-else warning.
-#define STRATA_LOG(level, subsystem)                                                            \
-  for (bool strata_log_on_ = ::strata::LogEnabled(::strata::LogLevel::level, (subsystem)); \
-       strata_log_on_; strata_log_on_ = false)                                              \
+#define STRATA_LOG(level, subsystem)                                                                       \
+  for (bool strata_log_on_ = ::strata::LogEnabled(::strata::LogLevel::level, (subsystem)); strata_log_on_; \
+       strata_log_on_ = false)                                                                             \
   ::strata::LogMessage(::strata::LogLevel::level, (subsystem)).stream()

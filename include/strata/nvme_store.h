@@ -53,11 +53,11 @@ enum class SwapPrepare {
 };
 
 struct NvmeStoreOptions {
-  std::vector<std::string> paths;  // directories, one per device; created if missing
+  std::vector<std::string> paths;    // directories, one per device; created if missing
   std::string name = "strata-swap";  // file stem; use one per rank sharing a directory
-  uint64_t slot_size = 0;   // bytes; rounded up to the engine's alignment
-  uint64_t slot_count = 0;  // slots (two per block for speculative updates)
-  uint64_t stripe_size = 0; // 0: the engine's block_size; a multiple of its alignment
+  uint64_t slot_size = 0;            // bytes; rounded up to the engine's alignment
+  uint64_t slot_count = 0;           // slots (two per block for speculative updates)
+  uint64_t stripe_size = 0;          // 0: the engine's block_size; a multiple of its alignment
   bool checksum = true;
   SwapPrepare prepare = SwapPrepare::kFallocate;
 };
@@ -92,7 +92,8 @@ class NvmeStore {
   // any other length is InvalidArgument. Wait() returns Corruption on a checksum
   // mismatch. `priority`: kUrgent for a read someone waits on, served before queued
   // normal I/O (IoPriority).
-  Result<IoHandle> Read(SlotId slot, void* buffer, uint64_t length, IoPriority priority = IoPriority::kNormal);
+  Result<IoHandle> Read(SlotId slot, void* buffer, uint64_t length,
+                        IoPriority priority = IoPriority::kNormal);
 
   // Removes the swap and lock files. Refused (FailedPrecondition) with I/O in flight.
   // Idempotent.

@@ -21,18 +21,18 @@ namespace strata {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,   // bad input from the user or caller (config, flags, alignment)
-  kNotFound,          // a file, path, key or device that does not exist
-  kOutOfBudget,       // a tier budget that cannot be met
-  kIoError,           // a read or write failed (errno text included)
-  kCorruption,        // data read back does not match what was written
-  kUnavailable,       // a device, library or facility is missing on this machine
-  kDeadlineExceeded,  // a collective or wait ran past its time limit
-  kAborted,           // an operation was cancelled (e.g. a communicator was aborted)
-  kFailedPrecondition,// a call made in the wrong state
-  kResourceExhausted, // memory, disk space, memlock limit
-  kInternal,          // a bug in strata, or an unexpected error from a library
-  kUnimplemented,     // a feature not built yet
+  kInvalidArgument,     // bad input from the user or caller (config, flags, alignment)
+  kNotFound,            // a file, path, key or device that does not exist
+  kOutOfBudget,         // a tier budget that cannot be met
+  kIoError,             // a read or write failed (errno text included)
+  kCorruption,          // data read back does not match what was written
+  kUnavailable,         // a device, library or facility is missing on this machine
+  kDeadlineExceeded,    // a collective or wait ran past its time limit
+  kAborted,             // an operation was cancelled (e.g. a communicator was aborted)
+  kFailedPrecondition,  // a call made in the wrong state
+  kResourceExhausted,   // memory, disk space, memlock limit
+  kInternal,            // a bug in strata, or an unexpected error from a library
+  kUnimplemented,       // a feature not built yet
 };
 
 // Returns a short, stable name for a code, e.g. "OutOfBudget".
@@ -86,8 +86,8 @@ Status ErrnoError(int err, std::string_view what);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}                // NOLINT: implicit on purpose
-  Result(Status status) : status_(std::move(status)) {         // NOLINT: implicit on purpose
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit on purpose
+  Result(Status status) : status_(std::move(status)) {  // NOLINT: implicit on purpose
     if (status_.ok()) status_ = InternalError("Result constructed from an OK Status without a value");
   }
 
@@ -148,11 +148,11 @@ void Result<T>::CheckOk() const {
   lhs = std::move(tmp).value()
 
 // Aborts when an invariant does not hold. Not for user errors: those return a Status.
-#define STRATA_CHECK(cond)                                                    \
-  do {                                                                        \
+#define STRATA_CHECK(cond)                                             \
+  do {                                                                 \
     if (!(cond)) ::strata::CheckFailed(__FILE__, __LINE__, #cond, {}); \
   } while (0)
-#define STRATA_CHECK_MSG(cond, msg)                                             \
-  do {                                                                          \
+#define STRATA_CHECK_MSG(cond, msg)                                       \
+  do {                                                                    \
     if (!(cond)) ::strata::CheckFailed(__FILE__, __LINE__, #cond, (msg)); \
   } while (0)

@@ -68,8 +68,7 @@ class Timeline {
   class Scope {
    public:
     Scope(Timeline* timeline, int track, std::string name, uint64_t bytes = 0)
-        : timeline_(timeline), track_(track), name_(std::move(name)), bytes_(bytes),
-          begin_(Clock::now()) {}
+        : timeline_(timeline), track_(track), name_(std::move(name)), bytes_(bytes), begin_(Clock::now()) {}
     ~Scope() {
       if (timeline_ != nullptr) timeline_->Record(track_, name_, begin_, Clock::now(), bytes_);
     }

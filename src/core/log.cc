@@ -25,7 +25,7 @@ LogState& State() {
 
 bool ParseLevel(std::string_view s, LogLevel* out) {
   static constexpr std::pair<std::string_view, LogLevel> kLevels[] = {
-      {"trace", LogLevel::kTrace}, {"debug", LogLevel::kDebug}, {"info", LogLevel::kInfo},
+      {"trace", LogLevel::kTrace}, {"debug", LogLevel::kDebug},  {"info", LogLevel::kInfo},
       {"warn", LogLevel::kWarn},   {"warning", LogLevel::kWarn}, {"error", LogLevel::kError},
       {"off", LogLevel::kOff}};
   for (auto [name, level] : kLevels) {

@@ -49,12 +49,8 @@ Status CorruptionError(std::string m) { return {StatusCode::kCorruption, std::mo
 Status UnavailableError(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 Status DeadlineExceededError(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
 Status AbortedError(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
-Status FailedPreconditionError(std::string m) {
-  return {StatusCode::kFailedPrecondition, std::move(m)};
-}
-Status ResourceExhaustedError(std::string m) {
-  return {StatusCode::kResourceExhausted, std::move(m)};
-}
+Status FailedPreconditionError(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
+Status ResourceExhaustedError(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
 Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 Status UnimplementedError(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
 
@@ -71,8 +67,7 @@ Status ErrnoError(int err, std::string_view what) {
     case EDQUOT:
       msg += "; free space on that file system or point the path elsewhere";
       return ResourceExhaustedError(std::move(msg));
-    case ENOMEM:
-      return ResourceExhaustedError(std::move(msg));
+    case ENOMEM: return ResourceExhaustedError(std::move(msg));
     case ENOENT: return NotFoundError(std::move(msg));
     case EINVAL: return InvalidArgumentError(std::move(msg));
     case EACCES:

@@ -10,9 +10,7 @@ namespace strata {
 
 namespace {
 double Seconds(Timeline::Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-double Micros(Timeline::Clock::duration d) {
-  return std::chrono::duration<double, std::micro>(d).count();
-}
+double Micros(Timeline::Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
 }  // namespace
 
 Timeline::Timeline(bool enabled, size_t max_spans)
@@ -43,8 +41,8 @@ int Timeline::num_tracks() const {
   return static_cast<int>(tracks_.size());
 }
 
-void Timeline::Record(int track, std::string_view name, Clock::time_point begin,
-                      Clock::time_point end, uint64_t bytes) {
+void Timeline::Record(int track, std::string_view name, Clock::time_point begin, Clock::time_point end,
+                      uint64_t bytes) {
   if (end < begin) end = begin;
   std::lock_guard<std::mutex> lock(mu_);
   if (track < 0 || static_cast<size_t>(track) >= tracks_.size()) return;
@@ -105,13 +103,19 @@ void Timeline::Clear() {
 std::string Timeline::ToChromeTraceJson() const {
   std::lock_guard<std::mutex> lock(mu_);
   nlohmann::json events = nlohmann::json::array();
-  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 1}, {"tid", 0},
-                    {"args", {{"name", "strata"}}}});
+  events.push_back(
+      {{"name", "process_name"}, {"ph", "M"}, {"pid", 1}, {"tid", 0}, {"args", {{"name", "strata"}}}});
   for (size_t i = 0; i < tracks_.size(); ++i) {
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 1},
-                      {"tid", static_cast<int>(i) + 1}, {"args", {{"name", tracks_[i].name}}}});
-    events.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", 1},
-                      {"tid", static_cast<int>(i) + 1}, {"args", {{"sort_index", i}}}});
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 1},
+                      {"tid", static_cast<int>(i) + 1},
+                      {"args", {{"name", tracks_[i].name}}}});
+    events.push_back({{"name", "thread_sort_index"},
+                      {"ph", "M"},
+                      {"pid", 1},
+                      {"tid", static_cast<int>(i) + 1},
+                      {"args", {{"sort_index", i}}}});
   }
   for (const Span& s : spans_) {
     nlohmann::json e = {{"name", s.name},

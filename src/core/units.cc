@@ -33,7 +33,8 @@ Result<double> ParseNumber(std::string_view text, std::string_view* suffix, std:
                                 "\" must be a finite number >= 0");
   }
   *suffix = std::string_view(ptr, text.data() + text.size() - ptr);
-  while (!suffix->empty() && std::isspace(static_cast<unsigned char>(suffix->front()))) suffix->remove_prefix(1);
+  while (!suffix->empty() && std::isspace(static_cast<unsigned char>(suffix->front())))
+    suffix->remove_prefix(1);
   return value;
 }
 
@@ -43,8 +44,7 @@ Result<uint64_t> ToWhole(double v, std::string_view text, std::string_view what)
   }
   double r = std::round(v);
   if (std::fabs(r - v) > 1e-6 * std::max(1.0, v)) {
-    return InvalidArgumentError(std::string(what) + " \"" + std::string(text) +
-                                "\" is not a whole number");
+    return InvalidArgumentError(std::string(what) + " \"" + std::string(text) + "\" is not a whole number");
   }
   return static_cast<uint64_t>(r);
 }
@@ -56,15 +56,24 @@ Result<uint64_t> ParseBytes(std::string_view text) {
   STRATA_ASSIGN_OR_RETURN(double v, ParseNumber(text, &suffix, "byte size"));
   std::string s = Lower(suffix);
   double mult = 1;
-  if (s.empty() || s == "b") mult = 1;
-  else if (s == "k" || s == "kib") mult = 1024.0;
-  else if (s == "m" || s == "mib") mult = 1024.0 * 1024;
-  else if (s == "g" || s == "gib") mult = 1024.0 * 1024 * 1024;
-  else if (s == "t" || s == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (s == "kb") mult = 1e3;
-  else if (s == "mb") mult = 1e6;
-  else if (s == "gb") mult = 1e9;
-  else if (s == "tb") mult = 1e12;
+  if (s.empty() || s == "b")
+    mult = 1;
+  else if (s == "k" || s == "kib")
+    mult = 1024.0;
+  else if (s == "m" || s == "mib")
+    mult = 1024.0 * 1024;
+  else if (s == "g" || s == "gib")
+    mult = 1024.0 * 1024 * 1024;
+  else if (s == "t" || s == "tib")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (s == "kb")
+    mult = 1e3;
+  else if (s == "mb")
+    mult = 1e6;
+  else if (s == "gb")
+    mult = 1e9;
+  else if (s == "tb")
+    mult = 1e12;
   else {
     return InvalidArgumentError("byte size \"" + std::string(text) + "\": unknown unit \"" +
                                 std::string(suffix) + "\"; use B, KiB, MiB, GiB, TiB, kB, MB, GB or TB");
@@ -77,11 +86,16 @@ Result<uint64_t> ParseCount(std::string_view text) {
   STRATA_ASSIGN_OR_RETURN(double v, ParseNumber(text, &suffix, "count"));
   std::string s = Lower(suffix);
   double mult = 1;
-  if (s.empty()) mult = 1;
-  else if (s == "k") mult = 1e3;
-  else if (s == "m") mult = 1e6;
-  else if (s == "g" || s == "b") mult = 1e9;
-  else if (s == "t") mult = 1e12;
+  if (s.empty())
+    mult = 1;
+  else if (s == "k")
+    mult = 1e3;
+  else if (s == "m")
+    mult = 1e6;
+  else if (s == "g" || s == "b")
+    mult = 1e9;
+  else if (s == "t")
+    mult = 1e12;
   else {
     return InvalidArgumentError("count \"" + std::string(text) + "\": unknown suffix \"" +
                                 std::string(suffix) + "\"; use K, M, G (or B) or an exponent like 2e9");
@@ -98,8 +112,10 @@ std::string FormatBytes(uint64_t bytes) {
     ++u;
   }
   char buf[64];
-  if (u == 0) std::snprintf(buf, sizeof(buf), "%llu B", static_cast<unsigned long long>(bytes));
-  else std::snprintf(buf, sizeof(buf), v < 10 ? "%.2f %s" : (v < 100 ? "%.1f %s" : "%.0f %s"), v, kUnits[u]);
+  if (u == 0)
+    std::snprintf(buf, sizeof(buf), "%llu B", static_cast<unsigned long long>(bytes));
+  else
+    std::snprintf(buf, sizeof(buf), v < 10 ? "%.2f %s" : (v < 100 ? "%.1f %s" : "%.0f %s"), v, kUnits[u]);
   return buf;
 }
 
@@ -117,10 +133,14 @@ std::string FormatRate(double bps) {
 
 std::string FormatSeconds(double s) {
   char buf[64];
-  if (s >= 1.0) std::snprintf(buf, sizeof(buf), "%.2f s", s);
-  else if (s >= 1e-3) std::snprintf(buf, sizeof(buf), "%.2f ms", s * 1e3);
-  else if (s >= 1e-6) std::snprintf(buf, sizeof(buf), "%.1f us", s * 1e6);
-  else std::snprintf(buf, sizeof(buf), "%.0f ns", s * 1e9);
+  if (s >= 1.0)
+    std::snprintf(buf, sizeof(buf), "%.2f s", s);
+  else if (s >= 1e-3)
+    std::snprintf(buf, sizeof(buf), "%.2f ms", s * 1e3);
+  else if (s >= 1e-6)
+    std::snprintf(buf, sizeof(buf), "%.1f us", s * 1e6);
+  else
+    std::snprintf(buf, sizeof(buf), "%.0f ns", s * 1e9);
   return buf;
 }
 
@@ -132,11 +152,16 @@ std::string FormatDouble(const char* printf_format, double value) {
 
 std::string FormatCount(double n) {
   char buf[64];
-  if (n >= 1e12) std::snprintf(buf, sizeof(buf), "%.2fT", n / 1e12);
-  else if (n >= 1e9) std::snprintf(buf, sizeof(buf), "%.2fG", n / 1e9);
-  else if (n >= 1e6) std::snprintf(buf, sizeof(buf), "%.1fM", n / 1e6);
-  else if (n >= 1e3) std::snprintf(buf, sizeof(buf), "%.1fK", n / 1e3);
-  else std::snprintf(buf, sizeof(buf), "%.0f", n);
+  if (n >= 1e12)
+    std::snprintf(buf, sizeof(buf), "%.2fT", n / 1e12);
+  else if (n >= 1e9)
+    std::snprintf(buf, sizeof(buf), "%.2fG", n / 1e9);
+  else if (n >= 1e6)
+    std::snprintf(buf, sizeof(buf), "%.1fM", n / 1e6);
+  else if (n >= 1e3)
+    std::snprintf(buf, sizeof(buf), "%.1fK", n / 1e3);
+  else
+    std::snprintf(buf, sizeof(buf), "%.0f", n);
   return buf;
 }
 
