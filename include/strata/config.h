@@ -118,6 +118,10 @@ struct StrataConfig {
   // pinned host memory instead (0-1), or -1 ("auto"): as many as the host budget holds
   // beside the NVMe pipeline of the rest.
   double optimizer_resident = -1;
+  // Stage 3 with offload_param nvme: the fraction of chunks whose 16-bit parameter shard
+  // stays in pinned host memory instead (0-1), or -1 ("auto"): as many as the host
+  // budget holds after everything else (optimizer residency included).
+  double param_resident = -1;
   double collective_timeout_s = 300;
 };
 

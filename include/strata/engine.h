@@ -184,6 +184,11 @@ struct EngineLayoutInfo {
   // state and gradient shard stay on the device (the (1 - ratio) share, rounded to the
   // nearest chunk), chosen as those the backward finishes last.
   int optimizer_device_chunks = 0;
+  // Stage 3 with offload_param nvme: chunks whose parameter shard stays in pinned
+  // host memory instead (strata.param_resident; by default as many as the host budget
+  // holds after everything else), chosen as those the forward needs first. Their gathers
+  // and publishes touch no disk. Always 0 with params_in_optimizer_state.
+  int param_resident_chunks = 0;
   // Stage 3, fp32 compute, optimizer and parameters both on NVMe: a gather reads the
   // parameter shard from the master part of the optimizer state on disk, so there is no
   // parameter swap and each step writes 4 bytes per parameter less. False when

@@ -109,11 +109,15 @@ std::string Report(const tools::PlanRequest& r, const std::vector<tools::PlanCan
     if (!c.fits) continue;
     const EngineLayoutInfo& l = c.layout;
     const std::string of = "/" + std::to_string(l.num_chunks);
-    const std::string resident = c.config.zero.offload_optimizer.device == OffloadDevice::kNvme
-                                     ? std::to_string(l.optimizer_resident_chunks) + of
-                                 : l.optimizer_device_chunks > 0
-                                     ? std::to_string(l.optimizer_device_chunks) + of + " on device"
-                                     : "-";
+    std::string resident = c.config.zero.offload_optimizer.device == OffloadDevice::kNvme
+                               ? std::to_string(l.optimizer_resident_chunks) + of
+                           : l.optimizer_device_chunks > 0
+                               ? std::to_string(l.optimizer_device_chunks) + of + " on device"
+                               : "-";
+    if (l.param_resident_chunks > 0) {
+      resident =
+          (resident == "-" ? "" : resident + ", ") + "params " + std::to_string(l.param_resident_chunks) + of;
+    }
     t.AddRow({std::to_string(++n), c.name, FormatBytes(l.device_need), FormatBytes(l.host_need),
               FormatBytes(c.process.total()), FormatBytes(l.nvme_need), resident,
               c.config.strata.overlap ? "on" : "off", FormatSeconds(c.predicted_s), c.critical_lane});

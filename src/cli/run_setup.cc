@@ -12,6 +12,7 @@
 #include "strata/units.h"
 #include "tools/process_memory.h"
 #include "tools/step_bench.h"
+#include "tools/step_traffic.h"
 
 namespace strata::cli {
 namespace {
@@ -110,6 +111,21 @@ void PrintConfigSummary(const Config& c, const Origins& origin, const EngineLayo
         c.strata.optimizer_resident < 0 ? "auto (what the host budget holds)"
                                         : FormatDouble("%g", c.strata.optimizer_resident).c_str(),
         why.c_str());
+  }
+  if (c.zero.stage == 3 && c.zero.offload_param.device == OffloadDevice::kNvme) {
+    if (l.params_in_optimizer_state) {
+      std::printf("  parameter shards: read from the optimizer state's master on NVMe (no parameter swap)\n");
+    } else {
+      std::printf(
+          "  parameter shards in pinned host memory: %d of %d chunks (%s), the rest on NVMe; "
+          "strata.param_resident %s%s\n",
+          l.param_resident_chunks, l.num_chunks,
+          FormatBytes(static_cast<uint64_t>(l.param_resident_chunks) * l.shard_elems * tools::ComputeBytes(c))
+              .c_str(),
+          c.strata.param_resident < 0 ? "auto (what the host budget holds)"
+                                      : FormatDouble("%g", c.strata.param_resident).c_str(),
+          Origin(origin, "strata.param_resident").c_str());
+    }
   }
   if (l.optimizer_device_chunks > 0) {
     std::printf(

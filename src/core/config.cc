@@ -219,6 +219,7 @@ Status ReadStrata(JsonReader& r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Enum("gradients", {"auto", "host", "nvme"}, &s->gradients));
   STRATA_RETURN_IF_ERROR(r.Enum("plan", {"off", "auto"}, &s->plan));
   STRATA_RETURN_IF_ERROR(r.DoubleOrAuto("optimizer_resident", 0, 1, &s->optimizer_resident));
+  STRATA_RETURN_IF_ERROR(r.DoubleOrAuto("param_resident", 0, 1, &s->param_resident));
   STRATA_RETURN_IF_ERROR(r.Double("collective_timeout_s", 0.001, 1e7, &s->collective_timeout_s));
   return r.Finish();
 }
@@ -391,23 +392,25 @@ nlohmann::json ConfigToJson(const Config& c) {
   if (c.scheduler.type != LrScheduleType::kConstant) j["scheduler"] = core::SchedulerToJson(c.scheduler);
   if (c.activation_checkpointing) j["activation_checkpointing"] = core::ActivationCheckpointingToJson();
   const StrataConfig& s = c.strata;
-  j["strata"] = {{"device", DeviceKindName(s.device)},
-                 {"device_index", s.device_index},
-                 {"device_budget", s.device_budget},
-                 {"host_budget", s.host_budget},
-                 {"nvme_budget", s.nvme_budget},
-                 {"chunk_size", s.chunk_size},
-                 {"swap_paths", s.swap_paths},
-                 {"trace_file", s.trace_file},
-                 {"io_backend", IoBackendKindName(s.io_backend)},
-                 {"io_sqpoll", s.io_sqpoll},
-                 {"checksum", s.checksum},
-                 {"overlap", s.overlap_auto ? nlohmann::json("auto") : nlohmann::json(s.overlap)},
-                 {"gradients", s.gradients},
-                 {"plan", s.plan},
-                 {"optimizer_resident",
-                  s.optimizer_resident < 0 ? nlohmann::json("auto") : nlohmann::json(s.optimizer_resident)},
-                 {"collective_timeout_s", s.collective_timeout_s}};
+  j["strata"] = {
+      {"device", DeviceKindName(s.device)},
+      {"device_index", s.device_index},
+      {"device_budget", s.device_budget},
+      {"host_budget", s.host_budget},
+      {"nvme_budget", s.nvme_budget},
+      {"chunk_size", s.chunk_size},
+      {"swap_paths", s.swap_paths},
+      {"trace_file", s.trace_file},
+      {"io_backend", IoBackendKindName(s.io_backend)},
+      {"io_sqpoll", s.io_sqpoll},
+      {"checksum", s.checksum},
+      {"overlap", s.overlap_auto ? nlohmann::json("auto") : nlohmann::json(s.overlap)},
+      {"gradients", s.gradients},
+      {"plan", s.plan},
+      {"optimizer_resident",
+       s.optimizer_resident < 0 ? nlohmann::json("auto") : nlohmann::json(s.optimizer_resident)},
+      {"param_resident", s.param_resident < 0 ? nlohmann::json("auto") : nlohmann::json(s.param_resident)},
+      {"collective_timeout_s", s.collective_timeout_s}};
   return j;
 }
 

@@ -190,6 +190,7 @@ nlohmann::json ToJson(const PlanCandidate& c) {
                  {"chunk_elems", l.chunk_elems},
                  {"optimizer_resident_chunks", l.optimizer_resident_chunks},
                  {"optimizer_device_chunks", l.optimizer_device_chunks},
+                 {"param_resident_chunks", l.param_resident_chunks},
                  {"kept_chunks", l.kept_chunks},
                  {"gradients_on_nvme", l.gradients_on_nvme},
                  {"params_in_optimizer_state", l.params_in_optimizer_state}};

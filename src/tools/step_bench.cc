@@ -141,6 +141,7 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
                 {"kept_chunks", main.layout.kept_chunks},
                 {"optimizer_resident_chunks", main.layout.optimizer_resident_chunks},
                 {"optimizer_device_chunks", main.layout.optimizer_device_chunks},
+                {"param_resident_chunks", main.layout.param_resident_chunks},
                 {"params_in_optimizer_state", main.layout.params_in_optimizer_state},
                 {"carried_chunks", main.layout.carried_chunks},
                 {"hidden", o.spec.model.hidden}};
@@ -251,6 +252,10 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
   }
   if (main.layout.params_in_optimizer_state) {
     out += "  parameter shards     read from the optimizer state's master on NVMe (no parameter swap)\n";
+  } else if (c.zero.stage == 3 && c.zero.offload_param.device == OffloadDevice::kNvme) {
+    out += "  parameters resident  " + std::to_string(main.layout.param_resident_chunks) + " of " +
+           std::to_string(main.layout.num_chunks) +
+           " chunks' shards in pinned host memory, the rest on NVMe\n";
   }
   if (o.measure_rates) {
     out += "  model: bound " + FormatSeconds(model.bound_s) + " (cpu lanes " + FormatSeconds(model.cpu_s) +

@@ -76,11 +76,14 @@ LaneWork PredictTraffic(const Config& c, int world_size, const EngineLayoutInfo&
   }
   if (par_dev == OffloadDevice::kNvme) {
     // The forward's first gather of a chunk copies the shard the step left in memory.
-    const double from_disk = std::max(0.0, gathers - (opt_dev == OffloadDevice::kNvme ? chunks : 0));
+    // Chunks whose shard stays in host memory (strata.param_resident) read and write none.
+    const double on_disk = (chunks - l.param_resident_chunks) / chunks;
+    const double from_disk =
+        on_disk * std::max(0.0, gathers - (opt_dev == OffloadDevice::kNvme ? chunks : 0));
     const double shard_read = l.params_in_optimizer_state ? shard * 4 : shard * cs;
     w.nvme_read_bytes += from_disk * shard_read;
     w.nvme_param_read_bytes = from_disk * shard_read;
-    if (!l.params_in_optimizer_state) w.nvme_write_bytes += chunks * opt * cs;
+    if (!l.params_in_optimizer_state) w.nvme_write_bytes += on_disk * chunks * opt * cs;
   }
   return w;
 }

@@ -59,6 +59,7 @@ void Engine::Impl::PlanExtras(MemoryPlan& p) {
     grad_host_count = 2 + static_cast<int>(std::min<uint64_t>(2, host_room() / grad_slot_bytes));
     host += (grad_host_count - 2) * grad_slot_bytes;
   }
+  host += PlanParamResidency(host_room());
   // The arena is made this size: room for what the extras strand too (within `usable`).
   host = host - stranded + std::max(stranded, Fragmentation(host - stranded));
   gather_buffers = 0;
@@ -72,7 +73,24 @@ void Engine::Impl::PlanExtras(MemoryPlan& p) {
       opt_tier == ZeroTier::kNvme
           ? 2ull * pieces * opt_set_bytes + (grad_tier == ZeroTier::kNvme ? grad_slot_bytes : 0)
           : 0;
-  info.nvme_need = p.nvme.Total() - resident * per_resident;
+  const uint64_t params_off_disk =
+      param_from_master ? 0 : info.param_resident_chunks * zero::Align4K(layout.shard_elems * csize);
+  info.nvme_need = p.nvme.Total() - resident * per_resident - params_off_disk;
+}
+
+uint64_t Engine::Impl::PlanParamResidency(uint64_t room) {
+  param_resident.clear();
+  info.param_resident_chunks = 0;
+  if (stage != 3 || param_tier != ZeroTier::kNvme || param_from_master) return 0;
+  const uint64_t n = layout.num_chunks, shard = zero::Align4K(layout.shard_elems * csize);
+  const bool explicit_count = config.strata.param_resident >= 0;
+  const int count = explicit_count ? explicit_param_resident : static_cast<int>(std::min(n, room / shard));
+  if (count == 0) return 0;
+  param_resident.assign(n, 0);
+  const std::vector<int> by_first_use = zero::ParamResidencyOrder(layout, order->trace());
+  for (int i = 0; i < count; ++i) param_resident[by_first_use[i]] = 1;
+  info.param_resident_chunks = count;
+  return explicit_count ? 0 : count * shard;  // an explicit count is in the fixed needs
 }
 
 uint64_t Engine::Impl::PlanGatherBuffers(const MemoryPlan& p, uint64_t room) {
@@ -90,7 +108,9 @@ uint64_t Engine::Impl::PlanGatherBuffers(const MemoryPlan& p, uint64_t room) {
   // reads only when a buffer frees, on the serial fetch worker, so a deeper window
   // would hold device memory to queue (the 100M bench: 315 MiB of device instead of
   // 183, and no faster).
-  if (param_tier == ZeroTier::kNvme) extra = std::min<uint64_t>(extra, kParamStaging);
+  if (param_tier == ZeroTier::kNvme && info.param_resident_chunks < layout.num_chunks) {
+    extra = std::min<uint64_t>(extra, kParamStaging);
+  }
   // DeepSpeed's stage3_prefetch_bucket_size counts parameters gathered ahead of need.
   if (config.zero.stage3_prefetch_bucket_size) {
     extra = std::min<uint64_t>(extra, config.zero.stage3_prefetch_bucket_size / l.chunk_elems);

@@ -142,6 +142,7 @@ void Engine::Impl::PlanHostNeed(MemoryPlan& p) {
     h.Add(Part("the " + dt + " parameter shards", n_chunks * Align4K(l.shard_elems * csize),
                NeedScale::kModel, "offload_param.device \"nvme\"", true));
   }
+  PlanExplicitParamResidency(h);
   if (stage == 3 || opt_tier != ZeroTier::kDevice) {
     h.Add(Part("staging for " + std::to_string(kParamStaging) + " " + dt + " parameter shards",
                kParamStaging * out16, NeedScale::kChunk, "", stage >= 1));
@@ -211,6 +212,19 @@ int Engine::Impl::PlanExplicitResidency(zero::TierNeed& h) {
                  " kept in memory (strata.optimizer_resident " + fraction + ")",
              count * ResidentStateBytes(), NeedScale::kModel, "lower strata.optimizer_resident", true));
   return count;
+}
+
+void Engine::Impl::PlanExplicitParamResidency(zero::TierNeed& h) {
+  explicit_param_resident = 0;
+  const double fraction = config.strata.param_resident;
+  if (stage != 3 || param_tier != ZeroTier::kNvme || param_from_master || fraction < 0) return;
+  explicit_param_resident = zero::ResidentCount(layout.num_chunks, fraction);
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", fraction);
+  h.Add(Part("the " + std::string(DTypeName(compute)) + " parameter shards of the " +
+                 Chunks(explicit_param_resident) + " kept in memory (strata.param_resident " + text + ")",
+             explicit_param_resident * Align4K(layout.shard_elems * csize), NeedScale::kModel,
+             "lower strata.param_resident", true));
 }
 
 void Engine::Impl::PlanNvmeNeed(MemoryPlan& p) {
@@ -317,6 +331,12 @@ zero::TierBudget Engine::Impl::HostBudget(bool host_needed) const {
 
 Status Engine::Impl::PlanMemory(MemoryPlan& p) {
   PlanPieces();
+  if (param_from_master && config.strata.param_resident > 0) {
+    return InvalidArgumentError(
+        "strata.param_resident: with fp32 compute and both the optimizer state and the parameters on NVMe, "
+        "a gather reads the parameter shard from the optimizer's master, so there is no parameter swap to "
+        "keep in memory; strata.optimizer_resident keeps chunks (their master included) in memory instead");
+  }
   PlanDeviceNeed(p);
   STRATA_ASSIGN_OR_RETURN(p.device_budget, DeviceBudget());
   PlanHostNeed(p);

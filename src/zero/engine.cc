@@ -219,6 +219,11 @@ Result<std::unique_ptr<Engine::Impl>> Engine::Impl::Make(const Config& config, M
         "strata.optimizer_resident: keeps part of an NVMe optimizer's state in pinned host memory; it "
         "needs zero_optimization.offload_optimizer.device \"nvme\" (leave it \"auto\" otherwise)");
   }
+  if (config.strata.param_resident >= 0 && (s.stage != 3 || s.param_tier != ZeroTier::kNvme)) {
+    return InvalidArgumentError(
+        "strata.param_resident: keeps part of the NVMe parameter shards in pinned host memory; it needs "
+        "zero_optimization.stage 3 with offload_param.device \"nvme\" (leave it \"auto\" otherwise)");
+  }
   const double ratio = config.zero.offload_optimizer.ratio;
   if (!(ratio >= 0 && ratio <= 1) || (ratio != 1 && s.opt_tier != ZeroTier::kHost)) {
     return InvalidArgumentError("zero_optimization.offload_optimizer.ratio: " + std::to_string(ratio) +
@@ -418,11 +423,11 @@ Status Engine::Impl::AllocateShards(const MemoryPlan& plan) {
   if (stage == 3) {
     const uint64_t shard16 = layout.shard_elems * csize;
     param_shard.resize(n_chunks);
-    for (ParamShard& shard : param_shard) {
-      if (param_tier == ZeroTier::kDevice) {
-        STRATA_ASSIGN_OR_RETURN(shard.ptr, DeviceAlloc(shard16, "parameter shards"));
-      } else if (param_tier == ZeroTier::kHost) {
-        STRATA_ASSIGN_OR_RETURN(shard.ptr, HostAlloc(shard16, "parameter shards"));
+    for (int c = 0; c < static_cast<int>(n_chunks); ++c) {
+      if (ParamTierOf(c) == ZeroTier::kDevice) {
+        STRATA_ASSIGN_OR_RETURN(param_shard[c].ptr, DeviceAlloc(shard16, "parameter shards"));
+      } else if (ParamTierOf(c) == ZeroTier::kHost) {
+        STRATA_ASSIGN_OR_RETURN(param_shard[c].ptr, HostAlloc(shard16, "parameter shards"));
       }
     }
   }
@@ -464,16 +469,18 @@ Status Engine::Impl::OpenNvmeStores() {
     }
   }
   if (grad_tier == ZeroTier::kNvme) STRATA_RETURN_IF_ERROR(OpenGradStore());
-  if (param_tier == ZeroTier::kNvme && !param_from_master) {
+  const int params_on_disk = static_cast<int>(n_chunks) - info.param_resident_chunks;
+  if (param_tier == ZeroTier::kNvme && !param_from_master && params_on_disk > 0) {
     NvmeStoreOptions so;
     so.paths = SwapPaths(config, config.zero.offload_param);
     so.name = "strata-param-r" + std::to_string(rank);
     so.slot_size = zero::Align4K(layout.shard_elems * csize);
-    so.slot_count = n_chunks;
+    so.slot_count = params_on_disk;
     so.checksum = config.strata.checksum;
     STRATA_ASSIGN_OR_RETURN(param_store, NvmeStore::Open(*io, so));
-    for (auto& shard : param_shard) {
-      STRATA_ASSIGN_OR_RETURN(shard.slot, param_store->Allocate());
+    for (int c = 0; c < static_cast<int>(n_chunks); ++c) {
+      if (ParamResident(c)) continue;
+      STRATA_ASSIGN_OR_RETURN(param_shard[c].slot, param_store->Allocate());
     }
   }
   return OkStatus();

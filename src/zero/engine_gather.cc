@@ -77,7 +77,7 @@ Status Engine::Impl::FetchShard(int chunk, void* dst, void* staged, std::vector<
   const uint64_t bytes = layout.shard_elems * csize;
   int64_t t0 = NowNs();
   Status st;
-  switch (param_tier) {
+  switch (ParamTierOf(chunk)) {
     case ZeroTier::kDevice:
       st = device->CopyAsync(h2d, dst, param_shard[chunk].ptr, bytes, CopyDir::kDeviceToDevice);
       if (st.ok()) st = device->Synchronize(h2d);
@@ -126,7 +126,8 @@ void Engine::Impl::StartGather(int chunk) {
   const int64_t issued_ns = NowNs();
   void* staged = nullptr;
   std::vector<IoHandle> reads;
-  void* fresh = param_tier == ZeroTier::kNvme ? BorrowFresh(chunk) : nullptr;
+  const bool on_disk = ParamTierOf(chunk) == ZeroTier::kNvme;
+  void* fresh = on_disk ? BorrowFresh(chunk) : nullptr;
   if (fresh != nullptr) ++shards_from_memory;
   // Fetches run in order on fetch_worker, and one without a buffer takes one there,
   // blocking: so a gather may take a buffer here only while no earlier one waits for
@@ -136,7 +137,7 @@ void Engine::Impl::StartGather(int chunk) {
   // gathers after it then still take theirs and read at once (without, the first
   // gathers of a forward queued behind the previous step's last writes one at a time,
   // leaving the disk idle in between).
-  if (param_tier == ZeroTier::kNvme && fresh == nullptr && fetches_awaiting_staging.load() == 0 &&
+  if (on_disk && fresh == nullptr && fetches_awaiting_staging.load() == 0 &&
       (staged = param_staging.TryTake()) != nullptr && ParamWriteDone(chunk)) {
     auto h = ReadParamShard(chunk, staged);
     if (h.ok()) {
@@ -147,7 +148,7 @@ void Engine::Impl::StartGather(int chunk) {
       staged = nullptr;
     }
   }
-  if (param_tier == ZeroTier::kNvme && fresh == nullptr && staged == nullptr) ++fetches_awaiting_staging;
+  if (on_disk && fresh == nullptr && staged == nullptr) ++fetches_awaiting_staging;
   std::shared_future<Status> fetched = fetch_worker.Submit([this, chunk, mine, staged, reads, fresh, start] {
     return FetchShard(chunk, mine, staged, reads, fresh, start);
   });

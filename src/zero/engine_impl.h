@@ -127,6 +127,13 @@ struct Engine::Impl {
   // Stage 3 with params_from_master: a resident chunk's gathers copy its shard from the
   // master in memory, which is then always its fresh copy (SetFresh).
   void* ResidentShard(int chunk) { return param_from_master && Resident(chunk) ? opt[chunk].state : nullptr; }
+  // Stage 3 with param_tier nvme: by chunk, whether its parameter shard stays in pinned
+  // host memory instead (strata.param_resident, residency_plan.h); empty when none does.
+  // Such a chunk is gathered and published as on the host tier and has no NVMe slot.
+  std::vector<uint8_t> param_resident;
+  bool ParamResident(int chunk) const { return !param_resident.empty() && param_resident[chunk]; }
+  ZeroTier ParamTierOf(int chunk) const { return ParamResident(chunk) ? ZeroTier::kHost : param_tier; }
+  int explicit_param_resident = 0;  // chunks strata.param_resident asks for (PlanHostNeed)
   DType compute = DType::kF32;
   size_t csize = 4;        // bytes per compute element
   int64_t opt_elems = 0;   // elements of a chunk this rank steps
@@ -443,6 +450,8 @@ struct Engine::Impl {
   // strata.optimizer_resident set: adds the state of the chunks it asks for to the host
   // need `h`; their count (0 when unset). PlanExtras marks which (residency_plan.h).
   int PlanExplicitResidency(zero::TierNeed& h);
+  // strata.param_resident as a fraction: the shards it keeps, a fixed host need.
+  void PlanExplicitParamResidency(zero::TierNeed& h);
   // Pinned bytes of one resident chunk's master | m | v (one block).
   uint64_t ResidentStateBytes() const { return zero::Align4K(12ull * opt_elems); }
   void PlanNvmeNeed(MemoryPlan& plan);
@@ -458,6 +467,10 @@ struct Engine::Impl {
   // The optional parts, as the budgets leave room: speculation spares, NVMe staging
   // sets, pinned gradient shards, gather buffers; sets info's needs.
   void PlanExtras(MemoryPlan& plan);
+  // Marks the parameter shards kept in memory: the explicit count, or (auto) as many as
+  // `room` holds; the chunks the forward needs first. Returns the pinned bytes the auto
+  // mode adds.
+  uint64_t PlanParamResidency(uint64_t room);
   // Stage 3: the gather buffers, prefetch window, kept and carried chunks within `room`
   // device bytes; the device bytes they add beyond plan.fixed_gather.
   uint64_t PlanGatherBuffers(const MemoryPlan& plan, uint64_t room);

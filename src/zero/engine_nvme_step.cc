@@ -395,6 +395,9 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
     } else if (out != nullptr) {
       out16_staging.Give(out);
     }
+  } else if (publish_behind && ParamResident(chunk)) {
+    if (s.ok()) s = PublishParams(chunk, out, /*from_host=*/true);
+    if (out != nullptr) out16_staging.Give(out);
   } else if (publish_behind) {
     if (s.ok()) s = WaitParamWrite(chunk);
     if (s.ok()) {

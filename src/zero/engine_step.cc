@@ -34,7 +34,7 @@ Status Engine::Impl::PublishParams(int chunk, const void* src, bool from_host) {
     if (!from_host) return OkStatus();  // written in place on the device
     return CopyToDevice(dst, src, bytes);
   }
-  switch (param_tier) {
+  switch (ParamTierOf(chunk)) {
     case ZeroTier::kDevice:
       if (from_host) return CopyToDevice(param_shard[chunk].ptr, src, bytes);
       return ops->Copy(zero::OpsLane::kOptimizer, param_shard[chunk].ptr, src, bytes);

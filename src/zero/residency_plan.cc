@@ -24,6 +24,16 @@ std::vector<int> ResidencyOrder(const Layout& layout, const Trace& trace) {
   return order;
 }
 
+std::vector<int> ParamResidencyOrder(const Layout& layout, const Trace& trace) {
+  const ChunkUses uses = UsesOf(trace, layout);
+  std::vector<int> order(layout.num_chunks);
+  for (int c = 0; c < layout.num_chunks; ++c) order[c] = c;
+  // A chunk no module uses (-1) goes last.
+  auto first = [&](int c) { return static_cast<unsigned>(uses.first_use[c]); };
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return first(a) < first(b); });
+  return order;
+}
+
 int ResidentCount(int num_chunks, double fraction) {
   return static_cast<int>(std::clamp(std::lround(fraction * num_chunks), 0L, static_cast<long>(num_chunks)));
 }

@@ -51,6 +51,14 @@ struct ResidencyPlan {
 // (ties: the lower chunk, which the forward needs first).
 std::vector<int> ResidencyOrder(const Layout& layout, const Trace& trace);
 
+// The chunks in the order their parameter shards stay in host memory (stage 3,
+// offload_param nvme): earliest first use along the trace first (ties: the lower chunk).
+// The forward's first gathers wait for the disk with nothing ahead of them to hide the
+// read behind; the later ones are read while earlier modules compute, and the chunks
+// the forward reaches last are the ones kept gathered for the backward (keep_plan.h),
+// read once a step rather than twice.
+std::vector<int> ParamResidencyOrder(const Layout& layout, const Trace& trace);
+
 // Resident chunks for an explicit fraction of `num_chunks` (rounded to nearest).
 int ResidentCount(int num_chunks, double fraction);
 

@@ -53,6 +53,10 @@ inline void CheckAllCombos(Communicator& world) {
       EXPECT_GT(run.resident_chunks, 0) << ComboName(c);
       EXPECT_LT(run.resident_chunks, run.num_chunks) << ComboName(c);
     }
+    if (c.param_resident > 0 && run.status.ok()) {
+      EXPECT_GT(run.param_resident_chunks, 0) << ComboName(c);
+      EXPECT_LT(run.param_resident_chunks, run.num_chunks) << ComboName(c);
+    }
     if (c.ratio != 1 && run.status.ok()) {
       // The ratio's share of the chunks, rounded to the nearest, left on the device.
       EXPECT_EQ(run.device_chunks, run.num_chunks - static_cast<int>(std::lround(c.ratio * run.num_chunks)))

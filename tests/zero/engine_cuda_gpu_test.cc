@@ -92,7 +92,8 @@ INSTANTIATE_TEST_SUITE_P(EveryStageAndOffload, EngineCudaTest, ::testing::Values
                                   (info.param.resident != 0 ? "_partial" : "") +
                                   (info.param.ratio != 1
                                        ? "_ratio" + std::to_string(int(info.param.ratio * 100))
-                                       : "");
+                                       : "") +
+                                  (info.param.param_resident != 0 ? "_params_partial" : "");
                          });
 
 // The 16-bit combinations: the optimizer on the device writing the compute copy in

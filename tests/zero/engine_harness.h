@@ -34,6 +34,9 @@ struct Combo {
   // offload_optimizer.ratio (cpu optimizer only): the share the CPU steps; the rest of
   // the chunks keep their optimizer state on the device.
   double ratio = 1;
+  // strata.param_resident (stage 3, parameters on NVMe): the fraction of chunks whose
+  // 16-bit shard stays in memory; -1 for "auto". 0 by default, as `resident`.
+  double param_resident = 0;
 };
 
 // A sub_group_size that cuts SmallSpec's chunk shards into pieces of 1024 elements, several
@@ -65,6 +68,18 @@ inline std::vector<Combo> DeviceSplitCombos() {
           {3, "cpu", "nvme", "auto", 0, 0, 0.5}};
 }
 
+// Half the NVMe parameter shards kept in pinned memory, with each optimizer tier: on the
+// device, on the CPU (with and without the device split), and on NVMe with the shard
+// published behind the step (pieces too small to read it from the master) and partly
+// resident optimizer state.
+inline std::vector<Combo> ParamResidencyCombos() {
+  return {{3, "none", "nvme", "auto", 0, 0, 1, 0.5},
+          {3, "cpu", "nvme", "auto", 0, 0, 1, 0.5},
+          {3, "cpu", "nvme", "auto", 0, 0, 0.5, 0.5},
+          {3, "nvme", "nvme", "host", kSmallPieceSubGroup, 0, 1, 0.5},
+          {3, "nvme", "nvme", "auto", kSmallPieceSubGroup, 0.5, 1, 0.5}};
+}
+
 // Every combination DeepSpeed allows: offload needs stage >= 1, NVMe optimizer offload
 // and parameter offload need stage 3.
 inline std::vector<Combo> AllCombos() {
@@ -83,6 +98,7 @@ inline std::vector<Combo> AllCombos() {
   c.push_back({3, "nvme", "nvme", "auto", kSmallPieceSubGroup});
   for (const Combo& r : PartialResidencyCombos()) c.push_back(r);
   for (const Combo& r : DeviceSplitCombos()) c.push_back(r);
+  for (const Combo& r : ParamResidencyCombos()) c.push_back(r);
   return c;
 }
 
@@ -92,7 +108,11 @@ inline std::string ComboName(const Combo& c) {
          (c.sub_group ? "/sub_group=" + std::to_string(c.sub_group) : "") +
          (c.resident != 0 ? "/resident=" + (c.resident < 0 ? std::string("auto") : std::to_string(c.resident))
                           : "") +
-         (c.ratio != 1 ? "/ratio=" + std::to_string(c.ratio) : "");
+         (c.ratio != 1 ? "/ratio=" + std::to_string(c.ratio) : "") +
+         (c.param_resident != 0
+              ? "/param_resident=" +
+                    (c.param_resident < 0 ? std::string("auto") : std::to_string(c.param_resident))
+              : "");
 }
 
 // A swap directory private to this run. Every rank must name the same one (the config
@@ -133,6 +153,10 @@ inline Config MakeConfig(const Combo& c, const std::string& extra_json = "") {
   if (std::string(c.opt) == "nvme") {
     j["strata"]["optimizer_resident"] = c.resident < 0 ? nlohmann::json("auto") : nlohmann::json(c.resident);
   }
+  if (c.stage == 3 && std::string(c.param) == "nvme") {
+    j["strata"]["param_resident"] =
+        c.param_resident < 0 ? nlohmann::json("auto") : nlohmann::json(c.param_resident);
+  }
   if (!extra_json.empty()) j.merge_patch(nlohmann::json::parse(extra_json));
   auto cfg = ParseConfig(j);
   EXPECT_TRUE(cfg.ok()) << cfg.status().ToString() << "\n" << j.dump();
@@ -160,6 +184,7 @@ struct EngineRun {
   int kept_chunks = 0, carried_chunks = 0, num_chunks = 0;  // from layout_info()
   int resident_chunks = 0;                                  // optimizer_resident_chunks
   int device_chunks = 0;                                    // optimizer_device_chunks
+  int param_resident_chunks = 0;                            // param_resident_chunks
   Status status;
 };
 
@@ -219,6 +244,7 @@ inline EngineRun RunEngine(Communicator& world, const Config& config, const zero
   run.num_chunks = (*engine)->layout_info().num_chunks;
   run.resident_chunks = (*engine)->layout_info().optimizer_resident_chunks;
   run.device_chunks = (*engine)->layout_info().optimizer_device_chunks;
+  run.param_resident_chunks = (*engine)->layout_info().param_resident_chunks;
   run.carried_chunks = (*engine)->layout_info().carried_chunks;
   return run;
 }

@@ -46,6 +46,31 @@ TEST(ResidencyPlan, ThePlainOrderKeepsTheChunksTheBackwardFinishesLast) {
   EXPECT_EQ(ResidencyOrder(l, Trace::Assumed(4)), (std::vector<int>{0, 1, 2, 3}));
 }
 
+TEST(ResidencyPlan, ParameterShardsStayInTheOrderTheForwardNeedsThem) {
+  const Layout l = Chunks(4);
+  EXPECT_EQ(ParamResidencyOrder(l, Trace::Assumed(4)), (std::vector<int>{0, 1, 2, 3}));
+  // A forward that runs the modules in another order (module 2 first, then 0, 3, 1).
+  const Trace shuffled({{K::kForward, 2},
+                        {K::kForward, 0},
+                        {K::kForward, 3},
+                        {K::kForward, 1},
+                        {K::kBackward, 1},
+                        {K::kBackward, 3},
+                        {K::kBackward, 0},
+                        {K::kBackward, 2}});
+  EXPECT_EQ(ParamResidencyOrder(l, shuffled), (std::vector<int>{2, 0, 3, 1}));
+  // A module the forward skips (used in backward only, say a recomputed one) comes after
+  // every module the forward uses.
+  const Trace late({{K::kForward, 0},
+                    {K::kForward, 2},
+                    {K::kForward, 3},
+                    {K::kBackward, 3},
+                    {K::kBackward, 1},
+                    {K::kBackward, 2},
+                    {K::kBackward, 0}});
+  EXPECT_EQ(ParamResidencyOrder(l, late), (std::vector<int>{0, 2, 3, 1}));
+}
+
 TEST(ResidencyPlan, AFrozenModuleComesLastAndATiedOneByItsLastUse) {
   const Layout l = Chunks(3);
   // Module 0 frozen (no backward): its last use is the first forward.
