@@ -3,41 +3,25 @@
 // pinned memory, their NVMe traffic goes, and training still equals the single-rank
 // reference. Half-resident runs with every optimizer tier are in AllCombos
 // (ParamResidencyCombos: engine_test, and engine_mpi_test at 2 and 4 ranks).
-#include <set>
-
-#include "engine_checks.h"
-#include "engine_plan.h"
+#include "residency_sweep.h"
 
 namespace strata::testing {
 namespace {
 
-// Many equal chunks (one 64 x 64 layer each); the optimizer state on the device, so
-// that the only NVMe traffic is the parameter shards'.
-zero::TrainSpec ManyChunks(int steps) {
-  zero::TrainSpec spec = SmallSpec(steps);
-  spec.model.hidden.assign(8, 64);
-  return spec;
-}
-
-Config Auto(uint64_t host_budget, const char* opt = "none") {
-  Combo c{3, opt, "nvme"};
+// The optimizer state on the device, so that the only NVMe traffic is the parameter
+// shards'.
+Config Auto(uint64_t host_budget) {
+  Combo c{3, "none", "nvme"};
   c.param_resident = -1;
   return MakeConfig(c, R"({"strata": {"host_budget": )" + std::to_string(host_budget) + "}}");
 }
 
-// Host budgets from the least that fits, in 4 KiB steps, until every shard is resident;
-// the resident count at each.
+// Host budgets from the least that fits, in 4 KiB steps, until every shard is resident.
 std::vector<std::pair<uint64_t, int>> Sweep(const zero::TrainSpec& spec, int* num_chunks) {
-  std::vector<std::pair<uint64_t, int>> out;
-  for (uint64_t b = 16 * 1024; b <= 4 * 1024 * 1024; b += 4 * 1024) {
-    auto plan = PlanOnly(Auto(b), spec);
-    if (!plan.ok()) continue;
-    EXPECT_LE(plan->host_need, b);
-    out.emplace_back(b, plan->param_resident_chunks);
-    *num_chunks = plan->num_chunks;
-    if (plan->param_resident_chunks == plan->num_chunks) break;
-  }
-  return out;
+  return SweepHostBudgets(spec,
+                          {16 * 1024, 4 * 1024 * 1024, 4 * 1024, Auto,
+                           [](const EngineLayoutInfo& l) { return l.param_resident_chunks; }},
+                          num_chunks);
 }
 
 TEST(EngineParamResidency, ResidentShardsGrowWithTheHostBudget) {
@@ -47,14 +31,7 @@ TEST(EngineParamResidency, ResidentShardsGrowWithTheHostBudget) {
   ASSERT_GE(n, 6);
   EXPECT_EQ(sweep.front().second, 0) << "the least budget that fits holds no shard";
   EXPECT_EQ(sweep.back().second, n) << "a large enough budget holds every shard";
-  std::set<int> counts;
-  for (size_t i = 0; i < sweep.size(); ++i) {
-    counts.insert(sweep[i].second);
-    if (i > 0) {
-      EXPECT_GE(sweep[i].second, sweep[i - 1].second) << "at " << sweep[i].first << " bytes";
-    }
-  }
-  EXPECT_EQ(static_cast<int>(counts.size()), n + 1) << "every count from 0 to all is planned on the way";
+  EXPECT_EQ(DistinctNonDecreasing(sweep), n + 1) << "every count from 0 to all is planned on the way";
   // With the default host budget (half this machine's memory) every shard is resident,
   // and the plan asks the disk for no parameter slot.
   Combo c{3, "none", "nvme"};
@@ -72,17 +49,11 @@ TEST(EngineParamResidency, NvmeBytesFallWithEachResidentShardAndResultsStayTheRe
   int n = 0;
   const auto sweep = Sweep(spec, &n);
   ASSERT_FALSE(sweep.empty());
-  auto ref = zero::TrainReference(MakeConfig({0, "none", "none"}), spec, 1);
-  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
   uint64_t written0 = 0, last_read = 0;
-  std::set<int> seen;
-  for (const auto& [budget, k] : sweep) {
-    if (!seen.insert(k).second) continue;  // the least budget of each count
-    EngineRun run = RunEngine(World(), Auto(budget), spec);
-    ExpectMatchesReference(run, *ref, 1e-5, kAtol, kRtol, std::to_string(k) + " shards resident");
-    ASSERT_EQ(run.param_resident_chunks, k);
-    const StepResult& last = run.log.results.back();
-    EXPECT_LE(last.host_high_water, budget) << k << " resident";
+  const auto runs =
+      RunEachCount(spec, sweep, Auto, [](const EngineRun& r) { return r.param_resident_chunks; });
+  ASSERT_EQ(runs.size(), static_cast<size_t>(n + 1));
+  for (const auto& [k, last] : runs) {
     if (k == 0) {
       written0 = last.bytes_nvme_written, last_read = last.bytes_nvme_read;
       ASSERT_GT(written0, 0u);

@@ -3,40 +3,23 @@
 // still equals the single-rank reference. Every stage x offload combination with half
 // the chunks resident is in AllCombos (engine_test, engine_mpi_test at 2 and 4 ranks),
 // and so are a CPU optimizer's chunks kept on the device (offload_optimizer.ratio).
-#include <set>
-
-#include "engine_checks.h"
-#include "engine_plan.h"
+#include "residency_sweep.h"
 
 namespace strata::testing {
 namespace {
 
-// Many equal chunks (one 64 x 64 layer each), the gradients in memory so that the only
-// NVMe traffic is the optimizer state's.
-zero::TrainSpec ManyChunks(int steps) {
-  zero::TrainSpec spec = SmallSpec(steps);
-  spec.model.hidden.assign(8, 64);
-  return spec;
-}
-
+// The gradients in memory, so that the only NVMe traffic is the optimizer state's.
 Config Auto(uint64_t host_budget) {
   return MakeConfig({3, "nvme", "none", "host", 0, -1},
                     R"({"strata": {"host_budget": )" + std::to_string(host_budget) + "}}");
 }
 
-// Host budgets from the least that fits, in 16 KiB steps, until every chunk is resident;
-// the resident count at each.
+// Host budgets from the least that fits, in 16 KiB steps, until every chunk is resident.
 std::vector<std::pair<uint64_t, int>> Sweep(const zero::TrainSpec& spec, int* num_chunks) {
-  std::vector<std::pair<uint64_t, int>> out;
-  for (uint64_t b = 64 * 1024; b <= 16 * 1024 * 1024; b += 16 * 1024) {
-    auto plan = PlanOnly(Auto(b), spec);
-    if (!plan.ok()) continue;
-    EXPECT_LE(plan->host_need, b);
-    out.emplace_back(b, plan->optimizer_resident_chunks);
-    *num_chunks = plan->num_chunks;
-    if (plan->optimizer_resident_chunks == plan->num_chunks) break;
-  }
-  return out;
+  return SweepHostBudgets(spec,
+                          {64 * 1024, 16 * 1024 * 1024, 16 * 1024, Auto,
+                           [](const EngineLayoutInfo& l) { return l.optimizer_resident_chunks; }},
+                          num_chunks);
 }
 
 TEST(EngineResidency, ResidentChunksGrowWithTheHostBudget) {
@@ -46,16 +29,9 @@ TEST(EngineResidency, ResidentChunksGrowWithTheHostBudget) {
   ASSERT_GE(n, 6);
   EXPECT_EQ(sweep.front().second, 0) << "the least budget that fits holds no chunk";
   EXPECT_EQ(sweep.back().second, n) << "a large enough budget holds every chunk";
-  std::set<int> counts;
-  for (size_t i = 0; i < sweep.size(); ++i) {
-    counts.insert(sweep[i].second);
-    if (i > 0) {
-      EXPECT_GE(sweep[i].second, sweep[i - 1].second) << "at " << sweep[i].first << " bytes";
-    }
-  }
   // Once the chunks left on disk are fewer than the pipeline's depth, each more resident
   // chunk frees a staging set of about its size, so the last counts come almost at once.
-  EXPECT_GE(static_cast<int>(counts.size()), n / 2) << "partial counts are planned on the way";
+  EXPECT_GE(DistinctNonDecreasing(sweep), n / 2) << "partial counts are planned on the way";
   // With the default host budget (half this machine's memory) everything is resident.
   auto roomy = PlanOnly(MakeConfig({3, "nvme", "nvme", "auto", 0, -1}), ManyChunks(1));
   ASSERT_TRUE(roomy.ok()) << roomy.status().ToString();
@@ -69,17 +45,10 @@ TEST(EngineResidency, NvmeBytesFallInProportionAndResultsStayTheReferences) {
   int n = 0;
   const auto sweep = Sweep(spec, &n);
   ASSERT_FALSE(sweep.empty());
-  auto ref = zero::TrainReference(MakeConfig({0, "none", "none"}), spec, 1);
-  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
   uint64_t read0 = 0, written0 = 0;
-  std::set<int> seen;
-  for (const auto& [budget, k] : sweep) {
-    if (!seen.insert(k).second) continue;  // the least budget of each count
-    EngineRun run = RunEngine(World(), Auto(budget), spec);
-    ExpectMatchesReference(run, *ref, 1e-5, kAtol, kRtol, std::to_string(k) + " chunks resident");
-    ASSERT_EQ(run.resident_chunks, k);
-    const StepResult& last = run.log.results.back();
-    EXPECT_LE(last.host_high_water, budget) << k << " resident";
+  const auto runs = RunEachCount(spec, sweep, Auto, [](const EngineRun& r) { return r.resident_chunks; });
+  ASSERT_EQ(static_cast<int>(runs.size()), DistinctNonDecreasing(sweep));
+  for (const auto& [k, last] : runs) {
     if (k == 0) {
       read0 = last.bytes_nvme_read, written0 = last.bytes_nvme_written;
       ASSERT_GT(read0, 0u);
