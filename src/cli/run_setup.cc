@@ -184,10 +184,7 @@ std::string MemoryAccountLine(const EngineLayoutInfo& l, const Config& c, uint64
   const bool sim = c.strata.device != DeviceKind::kCuda;
   const tools::ProcessMemory p = tools::EstimateProcessMemory(base_rss, l, c, activation_bytes_per_sample,
                                                               c.train_micro_batch_size_per_gpu);
-  return "memory: peak RSS " + FormatBytes(tools::PeakRssBytes()) + "; the plan: device " +
-         FormatBytes(l.device_need) + " + pinned host " + FormatBytes(l.host_need) + " + process " +
-         FormatBytes(p.total()) + " (binary and libraries " + FormatBytes(p.base) + ", creation scratch " +
-         FormatBytes(p.creation) + ", activations at most " + FormatBytes(p.activations) + ")" +
+  return "memory: peak RSS " + FormatBytes(tools::PeakRssBytes()) + "; " + tools::PlanMemoryText(l, p) +
          (sim ? "; the sim device's memory is in the RSS"
               : "; device memory and the activations are not in the RSS");
 }

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "strata/units.h"
 #include "tools/step_traffic.h"
 
 namespace strata::tools {
@@ -32,6 +33,13 @@ ProcessMemory EstimateProcessMemory(uint64_t base, const EngineLayoutInfo& layou
   m.creation = chunk * (4 + ComputeBytes(config)) + 12 * opt;
   m.activations = static_cast<uint64_t>(activation_bytes_per_sample * static_cast<double>(micro_batch));
   return m;
+}
+
+std::string PlanMemoryText(const EngineLayoutInfo& layout, const ProcessMemory& p) {
+  return "the plan: device " + FormatBytes(layout.device_need) + " + pinned host " +
+         FormatBytes(layout.host_need) + " + process " + FormatBytes(p.total()) + " (binary and libraries " +
+         FormatBytes(p.base) + ", creation scratch " + FormatBytes(p.creation) + ", activations at most " +
+         FormatBytes(p.activations) + ")";
 }
 
 }  // namespace strata::tools

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "strata/config.h"
 #include "strata/engine.h"
@@ -31,5 +32,9 @@ struct ProcessMemory {
 // `layout`: the engine's plan under `config`.
 ProcessMemory EstimateProcessMemory(uint64_t base, const EngineLayoutInfo& layout, const Config& config,
                                     double activation_bytes_per_sample, int64_t micro_batch);
+
+// "the plan: device D + pinned host H + process P (binary and libraries B, creation
+// scratch C, activations at most A)", as the training jobs and bench step print it.
+std::string PlanMemoryText(const EngineLayoutInfo& layout, const ProcessMemory& process);
 
 }  // namespace strata::tools

@@ -11,6 +11,7 @@
 #include "strata/timeline.h"
 #include "strata/units.h"
 #include "tools/model_engine.h"
+#include "tools/plan_model.h"
 #include "tools/process_memory.h"
 
 namespace strata::tools {
@@ -28,6 +29,7 @@ std::string SwapDir(const Config& c) {
 
 Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const TrainSpec& spec,
                              Timeline* timeline) {
+  const uint64_t base_rss = CurrentRssBytes();  // before the engine and the model
   STRATA_ASSIGN_OR_RETURN(ModelEngine setup, CreateMlpEngine(world, config, spec.model, timeline));
   Engine* engine = setup.engine.get();
   TrainSpec run_spec = spec;
@@ -64,6 +66,8 @@ Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const Tr
     r.disk_unavailable = disk_status.ToString();
   }
   r.layout = engine->layout_info();
+  r.process =
+      EstimateProcessMemory(base_rss, r.layout, config, MlpActivationBytes(spec.model), spec.micro_batch);
   r.losses = log.losses;
   const int n = spec.steps;
   r.steps = n;
@@ -114,6 +118,11 @@ nlohmann::json RunJson(const StepBenchRun& r) {
             {"collectives", s.bytes_comm}}},
           {"high_water", {{"device", s.device_high_water}, {"host", s.host_high_water}}},
           {"peak_rss_bytes", r.peak_rss},
+          {"process_estimate",
+           {{"base", r.process.base},
+            {"creation", r.process.creation},
+            {"activations", r.process.activations},
+            {"total", r.process.total()}}},
           {"losses", r.losses},
           {"disk", DiskJson(r)}};
 }
@@ -222,11 +231,11 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
          (c.strata.device_budget ? FormatBytes(c.strata.device_budget) : std::string("sim default")) +
          "), host " + FormatBytes(main.last.host_high_water) + " (budget " +
          (c.strata.host_budget ? FormatBytes(c.strata.host_budget) : std::string("derived")) + ")\n";
-  out +=
-      "  process peak RSS     " + FormatBytes(main.peak_rss) + " (the plan's device + host needs " +
-      FormatBytes(main.layout.device_need + main.layout.host_need) +
-      (c.strata.device == DeviceKind::kCuda ? ", device memory not in RSS" : ", sim device memory included") +
-      ")\n";
+  out += "  process peak RSS     " + FormatBytes(main.peak_rss) + " (" +
+         PlanMemoryText(main.layout, main.process) +
+         (c.strata.device == DeviceKind::kCuda ? "; device memory and the activations are not in the RSS"
+                                               : "; the sim device's memory is in the RSS") +
+         ")\n";
   out += "  speculative steps    " + std::to_string(main.last.speculative_steps) + " chunks, redone " +
          std::to_string(main.last.redone_steps) + "\n";
   if (main.last.prefetch_modules > 0) {

@@ -43,6 +43,9 @@ struct StepBenchRun {
   // The process's peak resident set after the run (getrusage; every allocation so far,
   // the engine's pinned arena and, on the sim device, its "device" memory included).
   uint64_t peak_rss = 0;
+  // The plan's estimate of the process's own memory beside the tiers (from its resident
+  // set before the engine was created).
+  ProcessMemory process;
 };
 
 // Runs the configured engine (and the serial variant), collective over `world`.

@@ -143,5 +143,29 @@ TEST(StepBenchRun, ReportsItsSwapDisk) {
   EXPECT_EQ(text.find("disk "), std::string::npos) << text;
 }
 
+// The measured peak resident set is reported beside the plan's three parts, the
+// process's own estimate included (#26 item 3), in the text and the JSON.
+TEST(StepBenchRun, ReportsThePeakRssBesideThePlansProcessEstimate) {
+  StepBenchOptions o;
+  o.config = testing::MakeConfig({3, "cpu", "cpu"});
+  o.spec = testing::SmallSpec(/*steps=*/1);
+  o.compare_serial = false;
+  o.measure_rates = false;
+  std::string text;
+  auto j = RunStepBench(testing::World(), o, &text);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  const nlohmann::json& run = (*j)["run"];
+  const nlohmann::json& p = run["process_estimate"];
+  EXPECT_GT(p["base"].get<uint64_t>(), 0u) << "the binary and libraries are resident before the engine";
+  EXPECT_GT(p["creation"].get<uint64_t>(), 0u);
+  EXPECT_GT(p["activations"].get<uint64_t>(), 0u);
+  EXPECT_EQ(p["total"].get<uint64_t>(),
+            p["base"].get<uint64_t>() + p["creation"].get<uint64_t>() + p["activations"].get<uint64_t>());
+  EXPECT_GE(run["peak_rss_bytes"].get<uint64_t>(), p["base"].get<uint64_t>());
+  EXPECT_NE(text.find("process peak RSS"), std::string::npos) << text;
+  EXPECT_NE(text.find("+ process "), std::string::npos) << text;
+  EXPECT_NE(text.find("binary and libraries "), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace strata::tools
