@@ -47,7 +47,7 @@ std::string ChoiceFlags(const Config& c) {
     s += " --offload-param " + std::string(OffloadDeviceName(c.zero.offload_param.device));
   if (c.zero.offload_optimizer.ratio != 1)
     s += " --offload-optimizer-ratio " + FormatDouble("%.4g", c.zero.offload_optimizer.ratio);
-  if (!c.strata.overlap) s += " --no-overlap";
+  if (!c.strata.overlap_auto) s += c.strata.overlap ? " --overlap" : " --no-overlap";
   return s;
 }
 

@@ -57,13 +57,13 @@ Status CheckAutoPlanKeys(const nlohmann::json& j, const TrainFlags& f) {
   for (auto [given, key] : {std::pair{z.contains("stage"), "zero_optimization.stage"},
                             {z.contains("offload_optimizer"), "zero_optimization.offload_optimizer"},
                             {z.contains("offload_param"), "zero_optimization.offload_param"},
-                            {s.contains("overlap") || f.no_overlap, "strata.overlap"}}) {
+                            {s.contains("overlap") || f.overlap || f.no_overlap, "strata.overlap"}}) {
     if (given) {
       return InvalidArgumentError(
           std::string(key) +
           ": strata.plan \"auto\" (--config auto) chooses it; give one or the other "
           "(the flags --stage, --offload-optimizer, --offload-optimizer-ratio, --offload-param "
-          "and --no-overlap "
+          "and --overlap or --no-overlap "
           "set these keys)");
     }
   }
@@ -131,7 +131,8 @@ void AddFlags(CLI::App* cmd, TrainFlags* f, int default_steps) {
   cmd->add_option("--gradient-accumulation-steps", f->accumulation, "gradient_accumulation_steps");
   cmd->add_option("--train-batch-size", f->train_batch,
                   "train_batch_size (= micro batch x accumulation x ranks)");
-  cmd->add_flag("--no-overlap", f->no_overlap, "strata.overlap false");
+  CLI::Option* on = cmd->add_flag("--overlap", f->overlap, "strata.overlap true (every step, not auto)");
+  cmd->add_flag("--no-overlap", f->no_overlap, "strata.overlap false")->excludes(on);
   cmd->add_flag("--json", f->json, "print the report as JSON");
   cmd->add_option("--trace", f->trace, "write a Chrome trace (open in Perfetto)");
 }
@@ -199,6 +200,7 @@ Result<Config> BuildConfig(const TrainFlags& f, std::map<std::string, std::strin
              j["optimizer"]["params"].contains("lr")) {
     (*origin)["optimizer.params.lr"] = "the config file";
   }
+  if (f.overlap) s["overlap"] = true;
   if (f.no_overlap) s["overlap"] = false;
   if (f.swap_bench && !s.contains("optimizer_resident") && z.contains("offload_optimizer") &&
       z["offload_optimizer"].value("device", "") == "nvme") {

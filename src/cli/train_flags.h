@@ -37,7 +37,7 @@ struct TrainFlags {
   std::optional<double> optimizer_ratio;  // zero_optimization.offload_optimizer.ratio
   std::optional<int64_t> micro_batch, accumulation, train_batch;
   int steps = 0;
-  bool no_overlap = false, json = false, keep_swap = false;
+  bool overlap = false, no_overlap = false, json = false, keep_swap = false;
   bool swap_bench = false;  // bench swap: the optimizer state swaps unless the config says
   int repeat = 1;           // bench step: whole rounds, medians reported
   std::string trace;

@@ -77,6 +77,13 @@ TEST_F(PlanCli, TextNamesTheFirstChoiceAndWhyOthersDoNotFit) {
   CliRun r = RunStrata(Args({"--profile", Profile()}));
   ASSERT_EQ(r.exit_status, 0) << r.err;
   EXPECT_NE(r.out.find("first choice: stage"), std::string::npos) << r.out;
+  // The flags that train with the choice name its overlap either way (the default is auto).
+  const size_t flags = r.out.find("(--stage ", r.out.find("first choice: stage"));
+  ASSERT_NE(flags, std::string::npos) << r.out;
+  const std::string choice = r.out.substr(flags, r.out.find(')', flags) - flags);
+  EXPECT_TRUE(choice.find(" --overlap") != std::string::npos ||
+              choice.find(" --no-overlap") != std::string::npos)
+      << choice;
   EXPECT_NE(r.out.find("does not fit:"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("the device tier cannot hold this configuration: it needs"), std::string::npos)
       << r.out;

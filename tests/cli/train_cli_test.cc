@@ -85,6 +85,18 @@ TEST_F(TrainCli, ConfigBatchSizeIsKeptWithoutTheFlag) {
   EXPECT_EQ(j["config"]["zero_optimization"]["stage"], 1);
 }
 
+TEST_F(TrainCli, OverlapFlagsOverrideTheAutoDefaultAndExcludeEachOther) {
+  nlohmann::json j = Json(RunStrata(Small({"--json"})));
+  EXPECT_EQ(j["config"]["strata"]["overlap"], "auto");
+  j = Json(RunStrata(Small({"--json", "--overlap"})));
+  EXPECT_EQ(j["config"]["strata"]["overlap"], true);
+  j = Json(RunStrata(Small({"--json", "--no-overlap"})));
+  EXPECT_EQ(j["config"]["strata"]["overlap"], false);
+  CliRun both = RunStrata(Small({"--overlap", "--no-overlap"}));
+  EXPECT_NE(both.exit_status, 0);
+  EXPECT_NE(both.err.find("excludes"), std::string::npos) << both.err;
+}
+
 TEST_F(TrainCli, AccumulationAndTrainBatchSizeFollowDeepSpeedsRule) {
   std::string cfg = WriteConfig(R"({"gradient_accumulation_steps": 3, "zero_optimization": {"stage": 1}})");
   nlohmann::json j = Json(RunStrata(Small({"--config", cfg, "--json"})));
