@@ -77,18 +77,18 @@ void Engine::Impl::PlanExtras(MemoryPlan& p) {
       opt_tier == ZeroTier::kNvme
           ? 2ull * pieces * opt_set_bytes + (grad_tier == ZeroTier::kNvme ? grad_slot_bytes : 0)
           : 0;
-  const uint64_t params_off_disk =
-      param_from_master ? 0 : info.param_resident_chunks * zero::Align4K(layout.shard_elems * csize);
+  const uint64_t params_off_disk = info.param_resident_chunks * ParamShardBytes();
   info.nvme_need = p.nvme.Total() - resident * per_resident - params_off_disk;
 }
 
 uint64_t Engine::Impl::PlanParamResidency(uint64_t room) {
   param_resident.clear();
   info.param_resident_chunks = 0;
-  if (stage != 3 || param_tier != ZeroTier::kNvme || param_from_master) return 0;
-  const uint64_t n = layout.num_chunks, shard = zero::Align4K(layout.shard_elems * csize);
+  if (!ParamsSwapped()) return 0;
+  const uint64_t n = layout.num_chunks, shard = ParamShardBytes();
   const bool explicit_count = config.strata.param_resident >= 0;
-  const int count = explicit_count ? explicit_param_resident : static_cast<int>(std::min(n, room / shard));
+  const int count = explicit_count ? zero::ResidentCount(static_cast<int>(n), config.strata.param_resident)
+                                   : static_cast<int>(std::min(n, room / shard));
   if (count == 0) return 0;
   param_resident.assign(n, 0);
   const std::vector<int> by_first_use = zero::ParamResidencyOrder(layout, order->trace());

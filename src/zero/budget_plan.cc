@@ -215,16 +215,14 @@ int Engine::Impl::PlanExplicitResidency(zero::TierNeed& h) {
 }
 
 void Engine::Impl::PlanExplicitParamResidency(zero::TierNeed& h) {
-  explicit_param_resident = 0;
   const double fraction = config.strata.param_resident;
-  if (stage != 3 || param_tier != ZeroTier::kNvme || param_from_master || fraction < 0) return;
-  explicit_param_resident = zero::ResidentCount(layout.num_chunks, fraction);
+  if (!ParamsSwapped() || fraction < 0) return;
+  const int count = zero::ResidentCount(layout.num_chunks, fraction);
   char text[32];
   std::snprintf(text, sizeof(text), "%g", fraction);
-  h.Add(Part("the " + std::string(DTypeName(compute)) + " parameter shards of the " +
-                 Chunks(explicit_param_resident) + " kept in memory (strata.param_resident " + text + ")",
-             explicit_param_resident * Align4K(layout.shard_elems * csize), NeedScale::kModel,
-             "lower strata.param_resident", true));
+  h.Add(Part("the " + std::string(DTypeName(compute)) + " parameter shards of the " + Chunks(count) +
+                 " kept in memory (strata.param_resident " + text + ")",
+             count * ParamShardBytes(), NeedScale::kModel, "lower strata.param_resident", true));
 }
 
 void Engine::Impl::PlanNvmeNeed(MemoryPlan& p) {

@@ -133,7 +133,10 @@ struct Engine::Impl {
   std::vector<uint8_t> param_resident;
   bool ParamResident(int chunk) const { return !param_resident.empty() && param_resident[chunk]; }
   ZeroTier ParamTierOf(int chunk) const { return ParamResident(chunk) ? ZeroTier::kHost : param_tier; }
-  int explicit_param_resident = 0;  // chunks strata.param_resident asks for (PlanHostNeed)
+  // Whether the parameter shards have an NVMe swap of their own (stage 3, nvme tier, not
+  // read from the optimizer's master): what strata.param_resident applies to.
+  bool ParamsSwapped() const { return stage == 3 && param_tier == ZeroTier::kNvme && !param_from_master; }
+  uint64_t ParamShardBytes() const { return zero::Align4K(layout.shard_elems * csize); }
   DType compute = DType::kF32;
   size_t csize = 4;        // bytes per compute element
   int64_t opt_elems = 0;   // elements of a chunk this rank steps

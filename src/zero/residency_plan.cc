@@ -13,25 +13,27 @@ int WantedSets(int nvme_chunks, int pieces) {
   return std::max(1, std::min(kStagingChunkSets, nvme_chunks) * pieces);
 }
 
+// The chunks sorted by `before` (stable: ties keep the lower chunk first).
+template <class Before>
+std::vector<int> ChunksOrdered(int num_chunks, Before before) {
+  std::vector<int> order(num_chunks);
+  for (int c = 0; c < num_chunks; ++c) order[c] = c;
+  std::stable_sort(order.begin(), order.end(), before);
+  return order;
+}
+
 }  // namespace
 
 std::vector<int> ResidencyOrder(const Layout& layout, const Trace& trace) {
   const ChunkUses uses = UsesOf(trace, layout);
-  std::vector<int> order(layout.num_chunks);
-  for (int c = 0; c < layout.num_chunks; ++c) order[c] = c;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return uses.last_use[a] > uses.last_use[b]; });
-  return order;
+  return ChunksOrdered(layout.num_chunks, [&](int a, int b) { return uses.last_use[a] > uses.last_use[b]; });
 }
 
 std::vector<int> ParamResidencyOrder(const Layout& layout, const Trace& trace) {
   const ChunkUses uses = UsesOf(trace, layout);
-  std::vector<int> order(layout.num_chunks);
-  for (int c = 0; c < layout.num_chunks; ++c) order[c] = c;
   // A chunk no module uses (-1) goes last.
   auto first = [&](int c) { return static_cast<unsigned>(uses.first_use[c]); };
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return first(a) < first(b); });
-  return order;
+  return ChunksOrdered(layout.num_chunks, [&](int a, int b) { return first(a) < first(b); });
 }
 
 int ResidentCount(int num_chunks, double fraction) {
