@@ -87,7 +87,7 @@ class HostArena {
   // Whether the memory was bound to numa_node() (false when binding was refused,
   // which is logged, or not asked for).
   bool numa_bound() const { return numa_bound_; }
-  // mlock path: MADV_HUGEPAGE was accepted and transparent huge pages are not "never".
+  // mlock path: huge pages were asked for, by MADV_HUGEPAGE or MADV_COLLAPSE (see HostPages).
   bool huge_pages() const { return huge_pages_; }
   // mlock path: bytes of the arena the kernel put on 2 MiB pages at creation (0 for cuda).
   uint64_t huge_page_bytes() const { return huge_page_bytes_; }
@@ -141,10 +141,13 @@ class HostArena {
 // Threads: one owner; the accessors are const. Ownership: unmapped by the destructor.
 class HostPages {
  public:
-  // Maps `bytes` (> 0; rounded up to 2 MiB) 2 MiB aligned, and asks for transparent
-  // huge pages (madvise MADV_HUGEPAGE) when `huge_pages` and the kernel's mode
-  // (/sys/kernel/mm/transparent_hugepage/enabled) is not "never". Nothing is faulted in
-  // yet, so a NUMA policy set on the range before Populate() places the pages.
+  // Maps `bytes` (> 0; rounded up to 2 MiB) 2 MiB aligned. With `huge_pages` it asks
+  // for transparent huge pages: madvise MADV_HUGEPAGE, or where the kernel's mode
+  // (/sys/kernel/mm/transparent_hugepage/enabled) is "never" or the advice is refused,
+  // a MADV_COLLAPSE in Populate() (Linux 6.1+; it ignores the mode). On 4 KiB pages a
+  // direct read's buffer is as scattered as the page allocator left it, which on a disk
+  // without indirect descriptors caps the requests in flight. Nothing is faulted in yet,
+  // so a NUMA policy set on the range before Populate() places the pages.
   // Errors: InvalidArgument (bytes == 0), ResourceExhausted (mmap refused).
   static Result<std::unique_ptr<HostPages>> Map(uint64_t bytes, bool huge_pages);
   ~HostPages();
@@ -152,7 +155,8 @@ class HostPages {
   HostPages& operator=(const HostPages&) = delete;
 
   // Faults every page in, writable, in one pass in the kernel (MADV_POPULATE_WRITE; a
-  // write to each page where the kernel predates it, before Linux 5.14). Idempotent.
+  // write to each page where the kernel predates it, before Linux 5.14), after the
+  // collapse Map() chose, if any; a refused collapse leaves 4 KiB pages. Idempotent.
   // Errors: ResourceExhausted (out of memory).
   Status Populate();
 
@@ -160,6 +164,8 @@ class HostPages {
   uint64_t size() const { return size_; }
   // MADV_HUGEPAGE was asked for and accepted, and transparent huge pages are not "never".
   bool huge_advised() const { return huge_advised_; }
+  // Populate() collapses the range onto huge pages (asked for, and not advised).
+  bool collapses() const { return collapses_; }
   // Bytes of the mapping now on 2 MiB pages (AnonHugePages in /proc/self/smaps; 0 when
   // that cannot be read).
   uint64_t HugePageBytes() const;
@@ -168,12 +174,16 @@ class HostPages {
 
   // Tests: behave as a kernel without MADV_POPULATE_WRITE.
   static void ForceTouchPopulateForTesting(bool on);
+  // Tests: take the MADV_COLLAPSE path, as under transparent huge pages "never".
+  static void ForceCollapseForTesting(bool on);
 
  private:
   HostPages(char* data, uint64_t size) : data_(data), size_(size) {}
+  void Collapse();
   char* data_;
   uint64_t size_;
   bool huge_advised_ = false;
+  bool collapses_ = false;
 };
 
 // OK when `bytes` may be locked under `limit`; otherwise ResourceExhausted naming the

@@ -93,13 +93,14 @@ BufferPlan PlanBuffers(const BenchIoOptions& o, bool with_fio, uint64_t buffer_b
     plan.fio_thp = true;
     return plan;
   }
-  plan.small_pages = true;
+  // Where the mode gives no huge pages on advice, strata's buffers are collapsed onto
+  // them as the host arena's are; fio's malloc cannot follow.
   std::fprintf(
       stderr,
       "bench io: transparent huge pages are '%s' and no hugetlbfs mount has %s of free huge pages for "
-      "fio, so strata's buffers are on 4 KiB pages too (like for like). To compare on huge pages "
-      "(the host arena's): mount -t hugetlbfs none /dev/hugepages; echo %llu > "
-      "/proc/sys/vm/nr_hugepages; or run --no-fio for strata alone.\n",
+      "fio: strata's buffers go on huge pages by MADV_COLLAPSE, as the host arena's do, and fio's "
+      "on 4 KiB pages. For like with like: --small-pages (both on 4 KiB pages), or mount -t "
+      "hugetlbfs none /dev/hugepages; echo %llu > /proc/sys/vm/nr_hugepages.\n",
       thp.empty() ? "unavailable" : thp.c_str(), FormatBytes(buffer_bytes).c_str(),
       static_cast<unsigned long long>((buffer_bytes >> 21) + 2));
   return plan;
@@ -157,8 +158,9 @@ void RunBenchIo(const BenchIoOptions& o) {
   // pages is one segment for the disk, over scattered 4 KiB pages hundreds (a virtio disk
   // without indirect descriptors then holds one request at a time), and where 4 KiB pages
   // land is up to the page allocator. fio's buffers go on huge pages from a hugetlbfs
-  // mount, else on transparent huge pages through glibc's malloc; where the kernel has
-  // no transparent huge pages, strata's go on 4 KiB pages too.
+  // mount, else on transparent huge pages through glibc's malloc. Where the mode is
+  // "never", strata's still go on huge pages (the arena's layout) and the header says
+  // that fio's could not.
   const BufferPlan plan = PlanBuffers(o, with_fio, uint64_t(max_qd) * max_bs);
   benchio::PassConfig pass{o.backend, o.threads, o.sqpoll, !plan.small_pages};
   IoBench bench(pass, files, per_file, uint64_t(max_qd) * max_bs);

@@ -31,8 +31,15 @@ constexpr int kMadvPopulateWrite = MADV_POPULATE_WRITE;
 #else
 constexpr int kMadvPopulateWrite = 23;
 #endif
+// Linux 6.1's synchronous collapse; it works whatever the transparent_hugepage mode.
+#ifdef MADV_COLLAPSE
+constexpr int kMadvCollapse = MADV_COLLAPSE;
+#else
+constexpr int kMadvCollapse = 25;
+#endif
 
 std::atomic<bool> force_touch_populate{false};
+std::atomic<bool> force_collapse{false};
 
 // AnonHugePages of the mappings in /proc/self/smaps that overlap [lo, hi).
 uint64_t SmapsAnonHugeBytes(uintptr_t lo, uintptr_t hi) {
@@ -67,19 +74,35 @@ Result<std::unique_ptr<HostPages>> HostPages::Map(uint64_t bytes, bool huge_page
   if (head > 0) munmap(raw, head);
   if (mapped - head - size > 0) munmap(reinterpret_cast<char*>(start) + size, mapped - head - size);
   std::unique_ptr<HostPages> pages(new HostPages(reinterpret_cast<char*>(start), size));
-  // Under "never" the kernel accepts the advice and ignores it.
-  if (huge_pages && QueryHugePages().thp_enabled != "never") {
+  if (!huge_pages) return pages;
+  // Under "never" the kernel accepts the advice and ignores it; Populate collapses instead.
+  if (QueryHugePages().thp_enabled != "never" && !force_collapse.load(std::memory_order_relaxed)) {
     pages->huge_advised_ = madvise(pages->data_, size, MADV_HUGEPAGE) == 0;
     if (!pages->huge_advised_) {
       STRATA_LOG(kDebug, "host") << "madvise(MADV_HUGEPAGE) refused: errno " << errno;
     }
   }
+  pages->collapses_ = !pages->huge_advised_ || force_collapse.load(std::memory_order_relaxed);
   return pages;
+}
+
+void HostPages::Collapse() {
+  // One touched page per 2 MiB gives each range a page table to collapse; the kernel
+  // then takes a huge page for it and zero-fills the rest, so no 4 KiB page is copied.
+  volatile char* p = data_;
+  for (uint64_t off = 0; off < size_; off += kHugePage) p[off] = p[off];
+  if (madvise(data_, size_, kMadvCollapse) != 0) {
+    // EINVAL before Linux 6.1; EAGAIN or ENOMEM when no huge page could be had. What is
+    // not collapsed is faulted in on 4 KiB pages by the caller.
+    STRATA_LOG(kDebug, "host") << "madvise(MADV_COLLAPSE) of " << FormatBytes(size_) << " refused: errno "
+                               << errno;
+  }
 }
 
 HostPages::~HostPages() { munmap(data_, size_); }
 
 Status HostPages::Populate() {
+  if (collapses_) Collapse();
   // One pass in the kernel: each fault takes its page (a huge one where advised) straight
   // from the allocator, and the pass costs a fraction of touching the pages from here.
   if (!force_touch_populate.load(std::memory_order_relaxed)) {
@@ -111,6 +134,7 @@ uint64_t HostPages::ResidentBytes() const {
 }
 
 void HostPages::ForceTouchPopulateForTesting(bool on) { force_touch_populate.store(on); }
+void HostPages::ForceCollapseForTesting(bool on) { force_collapse.store(on); }
 
 std::string_view HostPinningName(HostPinning p) {
   switch (p) {
@@ -221,7 +245,7 @@ Status HostArena::MapLocked(const HostArenaOptions& options) {
                                   " for the pinned host arena; lower strata.host_budget");
   }
   pages_ = std::move(pages).value();
-  huge_pages_ = pages_->huge_advised();
+  huge_pages_ = pages_->huge_advised() || pages_->collapses();
   if (options.numa_node >= 0) {
     // Before the pages exist, so that the policy places them.
     Status s = BindMemoryToNumaNode(pages_->data(), size_, options.numa_node);

@@ -6,9 +6,11 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -303,13 +305,46 @@ TEST(HostPages, OnHugePagesWhereTheKernelAllowsThem) {
   }
 }
 
+// Linux 6.1's MADV_COLLAPSE, or a kernel (or a container) without it.
+bool KernelCollapses() {
+  struct utsname u;
+  int major = 0, minor = 0;
+  if (uname(&u) != 0 || std::sscanf(u.release, "%d.%d", &major, &minor) != 2) return false;
+  return major > 6 || (major == 6 && minor >= 1);
+}
+
+TEST(HostPages, CollapsedOntoHugePagesWhereAdviceIsNotTaken) {
+  if (!KernelCollapses()) GTEST_SKIP() << "MADV_COLLAPSE needs Linux 6.1";
+  const std::string mode = ThpMode();
+  if (mode.empty()) GTEST_SKIP() << "no transparent huge pages in this kernel";
+  // As under "never": no advice, and Populate collapses before it faults in the rest.
+  HostPages::ForceCollapseForTesting(true);
+  auto p = HostPages::Map(8 << 20, /*huge_pages=*/true);
+  HostPages::ForceCollapseForTesting(false);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  HostPages& pages = **p;
+  EXPECT_FALSE(pages.huge_advised());
+  EXPECT_TRUE(pages.collapses());
+  ASSERT_TRUE(pages.Populate().ok());
+  EXPECT_EQ(pages.ResidentBytes(), pages.size());
+  EXPECT_EQ(pages.HugePageBytes(), pages.size());
+  for (uint64_t off = 0; off < pages.size(); off += 4096) ASSERT_EQ(pages.data()[off], 0) << off;
+  // A second Populate keeps what was written.
+  std::memset(pages.data(), 0x3c, pages.size());
+  ASSERT_TRUE(pages.Populate().ok());
+  for (uint64_t off = 0; off < pages.size(); off += 4096) ASSERT_EQ(pages.data()[off], 0x3c) << off;
+  auto small = HostPages::Map(4 << 20, /*huge_pages=*/false);
+  ASSERT_TRUE(small.ok());
+  EXPECT_FALSE((*small)->collapses());
+}
+
 TEST(HostArena, MlockArenaIsResidentAndOnHugePagesWhereAllowed) {
   auto a = MakeArena(8 << 20);
   std::vector<unsigned char> in_core(a->size() / 4096);
   ASSERT_EQ(mincore(a->base(), a->size(), in_core.data()), 0);
   for (size_t i = 0; i < in_core.size(); ++i) ASSERT_TRUE(in_core[i] & 1) << "page " << i;
   const std::string mode = ThpMode();
-  if (mode == "always" || mode == "madvise") {
+  if (mode == "always" || mode == "madvise" || (mode == "never" && KernelCollapses())) {
     EXPECT_TRUE(a->huge_pages());
     EXPECT_EQ(a->huge_page_bytes(), a->size());
   }
