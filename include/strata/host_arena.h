@@ -17,10 +17,10 @@
 // registering the arena with io_uring as fixed buffers (which the I/O engine does with
 // base()/size()) counts against the limit and will then be refused.
 //
-// Sub-allocation: blocks are 4 KiB aligned (O_DIRECT) and sized in multiples of 4 KiB.
-// A block no larger than segment_bytes() never crosses a segment boundary, so the I/O
-// engine can register each segment as one io_uring fixed buffer (the kernel limits a
-// registered buffer to 1 GiB) and address a block as (segment, offset).
+// Sub-allocation: blocks are 4 KiB aligned (O_DIRECT) and sized in multiples of 4 KiB,
+// placed best fit anywhere in the arena. The I/O engine registers the whole arena as
+// fixed buffers (the kernel's 1 GiB per buffer is the engine's concern: it cuts a
+// transfer at a buffer's end), so no block has to avoid a boundary and none is stranded.
 //
 // Threads: Allocate, Free and the accessors may be called from any thread.
 // Ownership: the arena owns the memory; blocks are views into it, valid until Free()
@@ -52,7 +52,6 @@ struct HostArenaOptions {
   int numa_node = -1;                        // OS index of the node to bind to; -1: no binding
   HostPinning pinning = HostPinning::kAuto;  // auto: cuda where a GPU is present, else mlock
   bool huge_pages = true;                    // madvise(MADV_HUGEPAGE) on the mlock path
-  uint64_t segment_bytes = 1ull << 30;       // see the header comment; a multiple of 4 KiB
   // The limit to check against instead of QueryMemlockLimit() (tests).
   std::optional<MemlockLimit> memlock;
 };
@@ -71,7 +70,7 @@ class HostPages;
 class HostArena {
  public:
   // Allocates, binds, touches and pins the arena. Errors: InvalidArgument (bytes == 0,
-  // a bad segment size, a NUMA node that does not exist), ResourceExhausted (the
+  // a NUMA node that does not exist), ResourceExhausted (the
   // memlock limit, mmap or mlock refused, cudaHostAlloc out of memory), Unavailable
   // (pinning kCuda asked where CUDA or a GPU is missing).
   static Result<std::unique_ptr<HostArena>> Create(const HostArenaOptions& options);
@@ -81,7 +80,6 @@ class HostArena {
 
   void* base() const { return base_; }
   uint64_t size() const { return size_; }
-  uint64_t segment_bytes() const { return segment_bytes_; }
   HostPinning pinning() const { return pinning_; }  // kCuda or kMlock, never kAuto
   int numa_node() const { return numa_node_; }      // -1 when unbound
   // Whether the memory was bound to numa_node() (false when binding was refused,
@@ -112,7 +110,6 @@ class HostArena {
   void* base_ = nullptr;
   uint64_t size_ = 0;
   std::unique_ptr<HostPages> pages_;  // mlock path: the mapping
-  uint64_t segment_bytes_ = 0;
   HostPinning pinning_ = HostPinning::kMlock;
   int numa_node_ = -1;
   bool numa_bound_ = false;

@@ -133,7 +133,8 @@ struct IoEngineStats {
   uint64_t requests = 0;       // requests completed
   uint64_t pieces = 0;         // pieces submitted to the kernel (or to pread/pwrite)
   uint64_t submits = 0;        // io_uring_submit calls (psync: 0)
-  uint64_t short_retries = 0;  // remainders resubmitted after short transfers
+  uint64_t short_retries = 0;  // remainders resubmitted after short transfers (not the
+                               // second half of a piece across two fixed buffers)
   uint64_t again_retries = 0;  // -EAGAIN/-EINTR retries
   uint64_t fixed_pieces = 0;   // pieces that used a registered buffer
 };
@@ -166,7 +167,9 @@ class IoEngine {
   virtual std::string FileName(int file) const = 0;
 
   // Registers pinned regions (e.g. the host arena) so that pieces inside them use fixed
-  // buffers (io_uring); replaces earlier registrations. Must be called with no request
+  // buffers (io_uring); replaces earlier registrations. A region of any size is taken
+  // (io_uring registers it as buffers of at most 1 GiB, and a piece across two of them
+  // goes as two fixed transfers). Must be called with no request
   // in flight (FailedPrecondition). Regions stay owned by the caller and must outlive
   // the registration (until the next RegisterBuffers or destruction). Failure (e.g.
   // memlock limit) leaves the engine working without fixed buffers. psync: no-op.

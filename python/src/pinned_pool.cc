@@ -71,10 +71,7 @@ std::vector<IoBufferRegion> PinnedPool::Regions(uint64_t* generation) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<IoBufferRegion> regions;
   for (const auto& a : arenas_) {
-    auto* base = static_cast<char*>(a->base());
-    for (uint64_t off = 0; off < a->size(); off += a->segment_bytes()) {
-      regions.push_back(IoBufferRegion{base + off, std::min(a->segment_bytes(), a->size() - off)});
-    }
+    regions.push_back(IoBufferRegion{a->base(), a->size()});
   }
   *generation = generation_;
   return regions;

@@ -177,10 +177,6 @@ uint64_t DefaultHostArenaBytes(uint64_t host_budget, const Topology& topology) {
 
 Result<std::unique_ptr<HostArena>> HostArena::Create(const HostArenaOptions& options) {
   if (options.bytes == 0) return InvalidArgumentError("host arena: size must be > 0 (strata.host_budget)");
-  if (options.segment_bytes == 0 || options.segment_bytes % kHostBlockAlignment != 0) {
-    return InvalidArgumentError("host arena: segment size " + std::to_string(options.segment_bytes) +
-                                " must be a positive multiple of 4096");
-  }
   uint64_t size = RoundUp(options.bytes, kHugePage);
   HostPinning pinning = options.pinning;
   if (pinning == HostPinning::kAuto)
@@ -199,7 +195,6 @@ Result<std::unique_ptr<HostArena>> HostArena::Create(const HostArenaOptions& opt
 
   std::unique_ptr<HostArena> arena(new HostArena());
   arena->size_ = size;
-  arena->segment_bytes_ = options.segment_bytes;
   arena->pinning_ = pinning;
   arena->numa_node_ = options.numa_node;
 
@@ -291,20 +286,11 @@ Result<HostBlock> HostArena::Allocate(uint64_t bytes) {
   }
   uint64_t need = RoundUp(bytes, kHostBlockAlignment);
   std::lock_guard<std::mutex> lock(mu_);
-  // Best fit: the smallest free range that holds the block (placed so that a block no
-  // larger than a segment does not cross a segment boundary).
+  // Best fit: the smallest free range that holds the block, at its start.
   auto best = free_.end();
-  uint64_t best_start = 0;
   for (auto it = free_.begin(); it != free_.end(); ++it) {
-    uint64_t start = it->first;
-    if (need <= segment_bytes_ && start / segment_bytes_ != (start + need - 1) / segment_bytes_) {
-      start = (start / segment_bytes_ + 1) * segment_bytes_;
-    }
-    if (start + need > it->first + it->second) continue;
-    if (best == free_.end() || it->second < best->second) {
-      best = it;
-      best_start = start;
-    }
+    if (it->second < need) continue;
+    if (best == free_.end() || it->second < best->second) best = it;
   }
   if (best == free_.end()) {
     uint64_t largest = 0;
@@ -315,11 +301,9 @@ Result<HostBlock> HostArena::Allocate(uint64_t bytes) {
         << "; free or evict host blocks first, or raise strata.host_budget";
     return OutOfBudgetError(msg.str());
   }
-  uint64_t range_off = best->first, range_len = best->second;
+  const uint64_t best_start = best->first, range_len = best->second;
   free_.erase(best);
-  if (best_start > range_off) free_.emplace(range_off, best_start - range_off);
-  uint64_t end = best_start + need;
-  if (end < range_off + range_len) free_.emplace(end, range_off + range_len - end);
+  if (need < range_len) free_.emplace(best_start + need, range_len - need);
   used_.emplace(best_start, need);
   allocated_ += need;
   high_water_ = std::max(high_water_, allocated_);

@@ -3,12 +3,11 @@
 #pragma once
 
 #include <algorithm>
-#include <span>
-
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 
 #include "strata/io.h"
@@ -40,10 +39,11 @@ struct IoPiece {
   uint32_t request = 0;
   IoOp op = IoOp::kRead;
   int file = -1;
-  uint64_t offset = 0;  // of the piece's first byte in the file
-  uint32_t length = 0;  // of the whole piece
-  uint32_t done = 0;    // bytes already transferred
-  uint32_t retries = 0; // -EAGAIN/-EINTR/zero-progress retries so far
+  uint64_t offset = 0;             // of the piece's first byte in the file
+  uint32_t length = 0;             // of the whole piece
+  uint32_t done = 0;               // bytes already transferred
+  uint32_t retries = 0;            // -EAGAIN/-EINTR/zero-progress retries so far
+  bool cut_at_buffer_end = false;  // the last attempt stopped at a registered buffer's end
   char* buffer = nullptr;
   IoPriority priority = IoPriority::kNormal;
 };

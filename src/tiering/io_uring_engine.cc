@@ -217,23 +217,31 @@ class UringEngine final : public IoEngine {
     return OkStatus();
   }
 
-  int FindBuffer(const char* buf, uint32_t len) const {
+  // The registered buffer that holds `buf` (-1: none), and how many of the `len` bytes
+  // from `buf` lie in it.
+  std::pair<int, uint32_t> FindBuffer(const char* buf, uint32_t len) const {
     auto it = std::upper_bound(iovecs_.begin(), iovecs_.end(), buf, [](const char* b, const iovec& v) {
       return b < static_cast<const char*>(v.iov_base);
     });
-    if (it == iovecs_.begin()) return -1;
+    if (it == iovecs_.begin()) return {-1, len};
     --it;
-    const char* base = static_cast<const char*>(it->iov_base);
-    if (buf + len <= base + it->iov_len) return static_cast<int>(it - iovecs_.begin());
-    return -1;
+    const char* end = static_cast<const char*>(it->iov_base) + it->iov_len;
+    if (buf >= end) return {-1, len};
+    return {static_cast<int>(it - iovecs_.begin()),
+            static_cast<uint32_t>(std::min<uint64_t>(len, end - buf))};
   }
 
-  void Prep(io_uring_sqe* sqe, const IoPiece& p, uint32_t slot) {
+  void Prep(io_uring_sqe* sqe, IoPiece& p, uint32_t slot) {
     char* buf = p.buffer + p.done;
-    const uint32_t len = p.length - p.done;
+    uint32_t len = p.length - p.done;
     const uint64_t off = p.offset + p.done;
     const int fd = fixed_files_ ? p.file : files_.fd(p.file);
-    const int bidx = FindBuffer(buf, len);
+    // A piece over the end of a registered buffer (a host block across one of the
+    // arena's 1 GiB registrations) goes in two fixed transfers: up to the end now, the
+    // rest as the remainder of a short one.
+    const auto [bidx, in_buffer] = FindBuffer(buf, len);
+    p.cut_at_buffer_end = in_buffer < len;
+    len = in_buffer;
     if (p.op == IoOp::kRead) {
       if (bidx >= 0)
         io_uring_prep_read_fixed(sqe, fd, buf, len, off, bidx);
@@ -366,7 +374,8 @@ class UringEngine final : public IoEngine {
     IoPiece piece = p;
     r.free_slots.push_back(static_cast<uint32_t>(tag));
     if (out.step == PieceStep::kResubmit) {
-      if (out.short_retry) counters_.short_retries.fetch_add(1, std::memory_order_relaxed);
+      if (out.short_retry && !piece.cut_at_buffer_end)
+        counters_.short_retries.fetch_add(1, std::memory_order_relaxed);
       if (out.again_retry) counters_.again_retries.fetch_add(1, std::memory_order_relaxed);
       r.pending[static_cast<int>(piece.priority)].push_front(piece);
       return;

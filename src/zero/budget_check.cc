@@ -88,19 +88,13 @@ void AddLevers(const TierNeed& need, NeedScale scale, const PlanShape& s, std::v
   }
 }
 
-// A tier's need by what it grows with; the overhead, which grows with the bytes it
-// allows for, spread over the rest in proportion.
+// A tier's need by what it grows with.
 struct Shares {
   double model = 0, chunk = 0, fixed = 0;
   explicit Shares(const TierNeed& need) {
     model = static_cast<double>(need.Total(NeedScale::kModel));
     chunk = static_cast<double>(need.Total(NeedScale::kChunk));
     fixed = static_cast<double>(need.Total(NeedScale::kFixed));
-    const double base = model + chunk + fixed;
-    const double grow = base > 0 ? 1 + static_cast<double>(need.Total(NeedScale::kOverhead)) / base : 1;
-    model *= grow;
-    chunk *= grow;
-    fixed *= grow;
   }
 };
 

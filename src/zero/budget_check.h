@@ -30,9 +30,6 @@ enum class NeedScale {
   kModel,  // with the model's size: a share of every chunk
   kChunk,  // with the chunk (the largest module, or strata.chunk_size), whatever the model's size
   kFixed,  // with neither
-  // In proportion to the rest: room the pinned arena may strand at its segment
-  // boundaries, which grows with the bytes it holds.
-  kOverhead,
 };
 
 struct NeedPart {

@@ -20,11 +20,8 @@ constexpr uint64_t kMaxPrefetchModules = 8;
 void Engine::Impl::PlanExtras(MemoryPlan& p) {
   const uint64_t n_chunks = layout.num_chunks;
   uint64_t dev = p.device.Total(), host = p.host.Total();
-  // The extras may cross more segment boundaries than the fixed part: they fit in what
-  // is left once the stranding the whole budget could cause is set aside.
-  const uint64_t budget = p.host_budget.bytes, stranded = host - p.host_fixed;
-  const uint64_t usable = budget - (std::max(Fragmentation(budget), stranded) - stranded);
-  auto host_room = [&] { return usable > host ? usable - host : 0; };
+  const uint64_t budget = p.host_budget.bytes;
+  auto host_room = [&] { return budget > host ? budget - host : 0; };
   opt_staging_count = 0;
   if (opt_tier == ZeroTier::kNvme) {
     // Staging sets deepen the pipeline (read ahead, step, write behind); what a full
@@ -64,8 +61,6 @@ void Engine::Impl::PlanExtras(MemoryPlan& p) {
     else
       host += p.spares * opt_set_bytes;
   }
-  // The arena is made this size: room for what the extras strand too (within `usable`).
-  host = host - stranded + std::max(stranded, Fragmentation(host - stranded));
   gather_buffers = 0;
   if (stage == 3) dev += PlanGatherBuffers(p, p.device_budget.bytes - dev);
   info.device_need = dev;

@@ -184,8 +184,7 @@ void Engine::Impl::PlanHostNeed(MemoryPlan& p) {
     // each shard there.
     const bool free_on_nvme =
         overlap && config.gradient_clipping <= 0 && config.gradient_accumulation_steps <= 1;
-    if (want == "nvme" ||
-        (want == "auto" && (free_on_nvme || on_host + Fragmentation(on_host) > p.host_budget.bytes))) {
+    if (want == "nvme" || (want == "auto" && (free_on_nvme || on_host > p.host_budget.bytes))) {
       grad_tier = ZeroTier::kNvme;
       h.Add(Part("2 fp32 gradient shards on their way to NVMe", 2 * grad_slot_bytes, NeedScale::kChunk, "",
                  true));
@@ -195,11 +194,6 @@ void Engine::Impl::PlanHostNeed(MemoryPlan& p) {
       h.Add(Part("the fp32 gradient shards", n_chunks * grad_slot_bytes, NeedScale::kModel,
                  want == "host" ? "strata.gradients \"nvme\"" : "", true));
     }
-  }
-  p.host_fixed = h.Total();
-  if (p.host_fixed > 0) {
-    h.Add(Part("room for blocks stranded at the pinned arena's segment boundaries",
-               Fragmentation(p.host_fixed), NeedScale::kOverhead));
   }
 }
 
@@ -251,24 +245,6 @@ void Engine::Impl::PlanNvmeNeed(MemoryPlan& p) {
     p.nvme.Add(Part("the fp32 gradient shards", n_chunks * grad_slot_bytes, NeedScale::kModel, opt_disks,
                     true, SwapPaths(config, oo)));
   }
-}
-
-uint64_t Engine::Impl::Fragmentation(uint64_t bytes) const {
-  // The arena never splits a block across its 1 GiB segments (io_uring registers each
-  // segment as one buffer), so each segment boundary may strand up to one block; a block
-  // larger than a segment crosses boundaries anyway (host_arena.h), so no more than one
-  // segment is stranded.
-  const uint64_t segment = arena != nullptr ? arena->segment_bytes() : HostArenaOptions{}.segment_bytes;
-  // A resident chunk's state (partial residency) is one block of all three planes.
-  const uint64_t resident_state =
-      opt_tier == ZeroTier::kNvme && config.strata.optimizer_resident != 0 ? ResidentStateBytes() : 0;
-  const uint64_t block = std::min(segment, std::max({opt_set_bytes, Align4K(layout.chunk_elems * csize),
-                                                     grad_slot_bytes, resident_state}));
-  // A block can be stranded only in front of a segment boundary of an arena of our own
-  // (it starts empty); a shared arena may already be cut up, so allow one block more.
-  uint64_t boundaries = bytes / segment + (arena != nullptr ? 1 : 0);
-  if ((bytes + boundaries * block) / segment > bytes / segment) ++boundaries;
-  return boundaries * block;
 }
 
 Result<zero::TierBudget> Engine::Impl::DeviceBudget() {

@@ -426,7 +426,6 @@ struct Engine::Impl {
     // The fixed part of each tier's need.
     zero::TierNeed device{ZeroTier::kDevice, {}}, host{ZeroTier::kHost, {}}, nvme{ZeroTier::kNvme, {}};
     zero::TierBudget device_budget, host_budget;
-    uint64_t host_fixed = 0;       // the host need before the arena's fragmentation allowance
     size_t max_module_chunks = 1;  // the most chunks one module touches
     uint64_t recv_elems = 0;       // the reduce buffer on the device
     int fixed_gather = 0;          // stage 3: gather buffers every configuration needs
@@ -459,7 +458,6 @@ struct Engine::Impl {
   uint64_t ResidentStateBytes() const { return zero::Align4K(12ull * opt_elems); }
   void PlanNvmeNeed(MemoryPlan& plan);
   // Pinned bytes that the arena's 1 GiB segments may strand when holding `bytes`.
-  uint64_t Fragmentation(uint64_t bytes) const;
   // The device room, the least over the ranks (collective), and where it comes from.
   Result<zero::TierBudget> DeviceBudget();
   // host_needed: whether the plan needs pinned memory before its optional parts.

@@ -27,9 +27,8 @@ HostArenaOptions MlockOptions(uint64_t bytes) {
   return o;
 }
 
-std::unique_ptr<HostArena> MakeArena(uint64_t bytes, uint64_t segment = 1ull << 30) {
+std::unique_ptr<HostArena> MakeArena(uint64_t bytes) {
   HostArenaOptions o = MlockOptions(bytes);
-  o.segment_bytes = segment;
   auto a = HostArena::Create(o);
   EXPECT_TRUE(a.ok()) << a.status().ToString();
   return std::move(a).value();
@@ -118,20 +117,21 @@ TEST(HostArena, BestFitPicksTheSmallestHole) {
   EXPECT_EQ(a->largest_free(), a->size());
 }
 
-TEST(HostArena, BlocksDoNotCrossSegments) {
-  auto a = MakeArena(8 << 20, /*segment=*/2 << 20);
-  auto head = *a->Allocate(1536 << 10);  // 1.5 MiB: the next 1 MiB would straddle
+TEST(HostArena, BlocksPackWithoutGapsAndFillTheArena) {
+  // Nothing is kept free in front of any boundary: blocks follow each other, and blocks
+  // that add up to the arena all fit, in any order of sizes.
+  auto a = MakeArena(8 << 20);
+  auto head = *a->Allocate(1536 << 10);
   auto b = *a->Allocate(1 << 20);
-  EXPECT_EQ(b.offset / (2 << 20), (b.offset + b.size - 1) / (2 << 20));
-  EXPECT_EQ(b.offset, 2u << 20);
-  auto small = *a->Allocate(256 << 10);  // fits in the gap left before the boundary
-  EXPECT_EQ(small.offset, 1536u << 10);
-  auto big = *a->Allocate(3 << 20);  // larger than a segment: may cross
-  EXPECT_EQ(big.size, 3u << 20);
-  for (auto& x : {head, b, small, big}) a->Free(x);
-  HostArenaOptions bad = MlockOptions(4 << 20);
-  bad.segment_bytes = 1000;
-  EXPECT_EQ(HostArena::Create(bad).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.offset, 1536u << 10);
+  auto big = *a->Allocate(5 << 20);
+  EXPECT_EQ(big.offset, 2560u << 10);
+  auto tail = *a->Allocate(512 << 10);
+  EXPECT_EQ(tail.offset + tail.size, a->size());
+  EXPECT_EQ(a->allocated(), a->size());
+  EXPECT_EQ(a->Allocate(4096).status().code(), StatusCode::kOutOfBudget);
+  for (auto& x : {head, b, big, tail}) a->Free(x);
+  EXPECT_EQ(a->largest_free(), a->size());
 }
 
 TEST(HostArena, ThreadSafeUnderConcurrentAllocateAndFree) {
