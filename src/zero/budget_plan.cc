@@ -164,7 +164,11 @@ void Engine::Impl::PlanHostNeed(MemoryPlan& p) {
   }
   const int resident = PlanExplicitResidency(h);
   if (grad_tier != ZeroTier::kDevice) {
-    h.Add(Part("the fp32 gradient receive buffer (one shard)", grad_slot_bytes, NeedScale::kChunk, "", true));
+    const uint64_t recv = Align4K(RecvStagingElems() * 4);
+    const bool whole = RecvStagingElems() == static_cast<uint64_t>(opt_elems);
+    h.Add(Part(whole ? "the fp32 gradient receive buffer (one shard)"
+                     : "the fp32 gradient receive buffer (one " + FormatBytes(recv) + " piece of a shard)",
+               recv, whole ? NeedScale::kChunk : NeedScale::kFixed, "", whole));
   }
   p.host_budget = HostBudget(h.Total() > 0);
   if (publish_behind) {

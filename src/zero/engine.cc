@@ -369,7 +369,7 @@ Status Engine::Impl::AllocateBuffers(const MemoryPlan& plan) {
     }
   }
   if (grad_tier != ZeroTier::kDevice) {
-    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_elems * 4, "gradient staging"));
+    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(RecvStagingElems() * 4, "gradient staging"));
     host_recv = static_cast<float*>(p);
   }
   for (int i = 0; i < grad_host_count; ++i) {

@@ -13,6 +13,7 @@
 // Accumulation over micro-batches reads the shard back, adds, and writes it again on
 // the comm worker, in submission order; every reduction of a chunk after its first in
 // the window costs one read and one write per shard.
+#include <algorithm>
 #include <chrono>
 
 #include "strata/grad_stats.h"
@@ -39,6 +40,21 @@ Status Engine::Impl::OpenGradStore() {
   return OkStatus();
 }
 
+uint64_t Engine::Impl::RecvStagingElems() const {
+  return std::min<uint64_t>(
+      {static_cast<uint64_t>(opt_elems), kRecvStagingBytes / 4, config.zero.sub_group_size});
+}
+
+Status Engine::Impl::AccumulateToHost(float* dst, const float* part) {
+  const uint64_t step = RecvStagingElems(), elems = opt_elems;
+  for (uint64_t off = 0; off < elems; off += step) {
+    const uint64_t n = std::min(step, elems - off);
+    STRATA_RETURN_IF_ERROR(CopyToHost(host_recv, part + off, n * 4));
+    STRATA_RETURN_IF_ERROR(zero::HostMemoryOps().Accumulate(zero::OpsLane::kReduce, dst + off, host_recv, n));
+  }
+  return OkStatus();
+}
+
 Status Engine::Impl::AccumulateGradOnNvme(int chunk, const float* part, bool first_in_window,
                                           bool last_micro_batch) {
   OptChunk& o = opt[chunk];
@@ -56,9 +72,8 @@ Status Engine::Impl::AccumulateGradOnNvme(int chunk, const float* part, bool fir
     Span(track_nvme, "read grad chunk " + std::to_string(chunk), span_start, grad_slot_bytes);
     if (st.ok()) {
       bytes_nvme_read += grad_slot_bytes;
-      st = CopyToHost(host_recv, part, bytes);
+      st = AccumulateToHost(buf, part);
     }
-    if (st.ok()) st = zero::HostMemoryOps().Accumulate(zero::OpsLane::kReduce, buf, host_recv, opt_elems);
   }
   if (st.ok() && last_micro_batch) {
     // The global norm and the overflow flag need every shard; take this one's part now,

@@ -375,7 +375,7 @@ struct Engine::Impl {
   // FailedPrecondition naming `call` while evaluating (it belongs to training).
   Status RefuseWhileEvaluating(const char* call) const;
   float* reduce_recv = nullptr;  // device staging for one reduced chunk/shard
-  float* host_recv = nullptr;    // host staging for gradients on the host tier
+  float* host_recv = nullptr;    // host staging of a reduced gradient, RecvStagingElems() long
   Pool grad_host;                // grad_tier nvme: pinned shards on their way to disk
   int grad_host_count = 0;
 
@@ -417,6 +417,11 @@ struct Engine::Impl {
   // Pinned buffers for compute values on their way between the optimizer, the device
   // and the parameter tier (one per worker that may hold one at a time, plus one).
   static constexpr int kParamStaging = 3;
+  // A reduced gradient reaches a host-side shard through pinned staging of at most this
+  // much (and at most sub_group_size values), a piece at a time, so the staging does not
+  // grow with the module.
+  static constexpr uint64_t kRecvStagingBytes = 16ull << 20;
+  uint64_t RecvStagingElems() const;
   // What AllocateMemory plans before it allocates.
   struct MemoryPlan;
   // Fills `plan` and info: every tier's need, checked against its budget (OutOfBudget
@@ -540,6 +545,9 @@ struct Engine::Impl {
   // Adds this rank's reduced part (device memory) into the chunk's shard on NVMe; after
   // the last micro-batch, records its stats and starts its speculative step.
   Status AccumulateGradOnNvme(int chunk, const float* part, bool first_in_window, bool last_micro_batch);
+  // dst[i] += part[i] for opt_elems values: `part` on the device, `dst` in host memory,
+  // through host_recv a piece at a time. Comm worker only (host_recv is its own).
+  Status AccumulateToHost(float* dst, const float* part);
 
   // --- engine_update.cc: Step()'s update, in the order of engine.h's definition ---
   struct GlobalStats {

@@ -141,11 +141,11 @@ Status Engine::Impl::ReduceChunk(int chunk, float* grad, bool first_in_window, b
     grad_pool.Give(grad);
     return st.WithContext("reducing the gradients of chunk " + std::to_string(chunk));
   }
-  if (st.ok() && tier == ZeroTier::kHost) {
-    st = CopyToHost(host_recv, part, opt_elems * 4);
-    part = host_recv;
+  if (st.ok()) {
+    st = tier == ZeroTier::kHost
+             ? AccumulateToHost(opt[chunk].grad, part)
+             : OpsOn(tier).Accumulate(zero::OpsLane::kReduce, opt[chunk].grad, part, opt_elems);
   }
-  if (st.ok()) st = OpsOn(tier).Accumulate(zero::OpsLane::kReduce, opt[chunk].grad, part, opt_elems);
   grad_pool.Give(grad);
   if (!st.ok()) return st.WithContext("reducing the gradients of chunk " + std::to_string(chunk));
   if (last_micro_batch) MaybeSpeculate(chunk);
