@@ -113,6 +113,17 @@ TEST(EngineBudget, HostBoundByStagingWhenEverythingIsOnNvme) {
   EXPECT_NOT_SAYS(msg, "offload_");
 }
 
+// The reduced gradient reaches a host-side shard through one piece of pinned staging,
+// whatever the module: with sub_group_size 512 a 16th of SmallSpec's 8192-element shard.
+TEST(EngineBudget, GradientStagingIsOnePieceNotAShard) {
+  Combo whole{3, "nvme", "nvme", "nvme"};
+  std::string msg = Refusal(MakeConfig(whole, R"({"strata": {"host_budget": "128KiB"}})"), SmallSpec(1));
+  EXPECT_SAYS(msg, "the fp32 gradient receive buffer (one shard), 32.0 KiB");
+  Combo pieced{3, "nvme", "nvme", "nvme", 512};
+  msg = Refusal(MakeConfig(pieced, R"({"strata": {"host_budget": "128KiB"}})"), SmallSpec(1));
+  EXPECT_SAYS(msg, "the fp32 gradient receive buffer (one 4.00 KiB piece of a shard), 4.00 KiB");
+}
+
 // strata.nvme_budget binds before any memory tier, and the memory tier short too is named
 // after it.
 TEST(EngineBudget, NvmeBudgetIsCheckedFirst) {
