@@ -76,13 +76,13 @@ Result<std::unique_ptr<HostPages>> HostPages::Map(uint64_t bytes, bool huge_page
   std::unique_ptr<HostPages> pages(new HostPages(reinterpret_cast<char*>(start), size));
   if (!huge_pages) return pages;
   // Under "never" the kernel accepts the advice and ignores it; Populate collapses instead.
-  if (QueryHugePages().thp_enabled != "never" && !force_collapse.load(std::memory_order_relaxed)) {
+  if (!force_collapse.load(std::memory_order_relaxed) && QueryHugePages().thp_enabled != "never") {
     pages->huge_advised_ = madvise(pages->data_, size, MADV_HUGEPAGE) == 0;
     if (!pages->huge_advised_) {
       STRATA_LOG(kDebug, "host") << "madvise(MADV_HUGEPAGE) refused: errno " << errno;
     }
   }
-  pages->collapses_ = !pages->huge_advised_ || force_collapse.load(std::memory_order_relaxed);
+  pages->collapses_ = !pages->huge_advised_;
   return pages;
 }
 

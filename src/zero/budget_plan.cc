@@ -164,8 +164,8 @@ void Engine::Impl::PlanHostNeed(MemoryPlan& p) {
   }
   const int resident = PlanExplicitResidency(h);
   if (grad_tier != ZeroTier::kDevice) {
-    const uint64_t recv = Align4K(RecvStagingElems() * 4);
-    const bool whole = RecvStagingElems() == static_cast<uint64_t>(opt_elems);
+    const uint64_t recv_elems = RecvStagingElems(), recv = Align4K(recv_elems * 4);
+    const bool whole = recv_elems == static_cast<uint64_t>(opt_elems);
     h.Add(Part(whole ? "the fp32 gradient receive buffer (one shard)"
                      : "the fp32 gradient receive buffer (one " + FormatBytes(recv) + " piece of a shard)",
                recv, whole ? NeedScale::kChunk : NeedScale::kFixed, "", whole));

@@ -462,7 +462,6 @@ struct Engine::Impl {
   // Pinned bytes of one resident chunk's master | m | v (one block).
   uint64_t ResidentStateBytes() const { return zero::Align4K(12ull * opt_elems); }
   void PlanNvmeNeed(MemoryPlan& plan);
-  // Pinned bytes that the arena's 1 GiB segments may strand when holding `bytes`.
   // The device room, the least over the ranks (collective), and where it comes from.
   Result<zero::TierBudget> DeviceBudget();
   // host_needed: whether the plan needs pinned memory before its optional parts.
