@@ -341,16 +341,19 @@ class Engine : public ModuleHooks {
   // model size.
   Status SaveCheckpoint(const std::string& dir, const CheckpointMeta& meta);
   // LoadCheckpoint restores what SaveCheckpoint saved into this engine's tiers (any
-  // offload; the stage may differ where the shards are the same: stages 1-3, or any at
-  // world size 1), republishes the compute parameters, and fills *meta (may be null).
-  // Given the same batches, the steps that follow are bit-identical to the saving run's
-  // (the learning rate is restored too; a schedule may set it anew). Refused with nothing
-  // changed: NotFound (no manifest, a missing file naming its rank), InvalidArgument
-  // naming what differs (world size, stage, chunk layout, a tensor's name or shape;
-  // resharding to another world size is not built), Corruption for a file of the wrong
-  // size. Corruption naming the file and chunk for a checksum mismatch, or an I/O error,
-  // found while restoring leaves the engine failed (as a failed Step(): create a new
-  // engine); the world stays usable.
+  // offload, stage, world size and chunk size: a checkpoint laid out otherwise is
+  // resharded, each rank pulling its shards tensor by tensor from the saving ranks'
+  // files), republishes the compute parameters, and fills *meta (may be null). Given the
+  // same batches, the steps that follow are bit-identical to the saving run's with as
+  // many ranks (with another chunk size too, unless gradient clipping sums its norm in
+  // another order); the learning rate is restored too (a schedule may set it anew).
+  // Refused with nothing changed: NotFound (no manifest, a missing file naming its
+  // rank), InvalidArgument naming a tensor whose name or shape differs (another model),
+  // Corruption for a file of the wrong size, and (resharding) Corruption naming the file
+  // and chunk for a checksum mismatch in any saved chunk it reads. Without resharding, a
+  // checksum mismatch or an I/O error found while restoring leaves the engine failed (as
+  // a failed Step(): create a new engine); the world stays usable. Host memory it adds:
+  // 24 MiB, and while it republishes, one chunk shard's master and compute copy.
   Status LoadCheckpoint(const std::string& dir, CheckpointMeta* meta);
 
   struct Impl;

@@ -56,6 +56,9 @@ Result<ResumePoint> Resume(Engine& engine, const GptTrainJob& job, const model::
   if (job.run.resume.empty()) return p;
   STRATA_ASSIGN_OR_RETURN(p.dir, FindCheckpoint(job));
   if (p.dir.empty()) return p;
+  STRATA_ASSIGN_OR_RETURN(CheckpointInfo info, ReadCheckpointInfo(p.dir));
+  p.saved_world = info.world_size;
+  p.saved_stage = info.stage;
   CheckpointMeta meta;
   STRATA_RETURN_IF_ERROR(engine.LoadCheckpoint(p.dir, &meta));
   nlohmann::json saved;

@@ -16,6 +16,8 @@ struct ResumePoint {
   std::string dir;        // the checkpoint loaded; empty: a fresh start
   int64_t next_step = 0;  // the run's steps done so far
   int64_t applied = 0;    // of those, optimizer steps applied (the schedule's count)
+  int saved_world = 0;    // the ranks and stage that saved it (a load reshards
+  int saved_stage = 0;    // what another world size or sharding laid out)
 };
 
 // Loads the checkpoint job.resume names (a checkpoint directory, a directory of them: its

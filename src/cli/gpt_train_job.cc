@@ -192,8 +192,13 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
   auto from = Resume(*setup->engine, job, train);
   if (!from.ok()) return EndFailedRun(from.status(), guard);
   if (rank0 && !job.json && !from->dir.empty()) {
-    std::printf("resumed from %s after %lld steps\n", from->dir.c_str(),
+    std::printf("resumed from %s after %lld steps", from->dir.c_str(),
                 static_cast<long long>(from->next_step));
+    if (from->saved_world != world.size() || from->saved_stage != job.config.zero.stage) {
+      std::printf(" (saved by %d rank%s at stage %d, loaded by %d at stage %d)", from->saved_world,
+                  from->saved_world == 1 ? "" : "s", from->saved_stage, world.size(), job.config.zero.stage);
+    }
+    std::printf("\n");
   }
   JsonLog log(rank0 ? job.run.log_path : std::string(), /*append=*/!from->dir.empty());
   Loop loop{job, world, *setup->engine, trainer, train, log, rank0 && !job.json};

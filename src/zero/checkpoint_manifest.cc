@@ -218,6 +218,16 @@ const CheckpointFileInfo* FindFile(const CheckpointInfo& info, int rank, int kin
   return nullptr;
 }
 
+Status CheckChunkChecksum(const std::string& path, const CheckpointFileInfo& rec, int chunk,
+                          uint64_t chunk_bytes, uint64_t sum) {
+  if (sum == rec.chunk_xxh3[chunk]) return OkStatus();
+  return CorruptionError("checkpoint file " + path + ": chunk " + std::to_string(chunk) + " (bytes " +
+                         std::to_string(chunk * chunk_bytes) + " to " +
+                         std::to_string((chunk + 1) * chunk_bytes) + ") has checksum " + ChecksumHex(sum) +
+                         ", the manifest says " + ChecksumHex(rec.chunk_xxh3[chunk]) +
+                         ": the file is corrupt (strata ckpt verify lists every bad chunk)");
+}
+
 Status CheckJson(const std::string& text, const std::string& what) {
   try {
     const json parsed = json::parse(text);

@@ -54,6 +54,11 @@ Result<Manifest> ReadManifest(const std::string& dir);
 // The manifest's record of `rank`'s file of `kind`; nullptr when it has none.
 const CheckpointFileInfo* FindFile(const CheckpointInfo& info, int rank, int kind);
 
+// OK when `sum` is the manifest's checksum of `rec`'s chunk `chunk`; else Corruption
+// naming the file at `path`, the chunk and its bytes, and both checksums.
+Status CheckChunkChecksum(const std::string& path, const CheckpointFileInfo& rec, int chunk,
+                          uint64_t chunk_bytes, uint64_t sum);
+
 // Whether `text` parses as JSON (the caller's CheckpointMeta::json); the parser's
 // message when it does not.
 Status CheckJson(const std::string& text, const std::string& what);

@@ -12,6 +12,7 @@
 
 #include "strata/checkpoint.h"
 #include "zero/checkpoint_manifest.h"
+#include "zero/checkpoint_reshard.h"
 #include "zero/checkpoint_stream.h"
 #include "zero/engine_impl.h"
 
@@ -50,5 +51,8 @@ Result<StateReaders> OpenStateFiles(Engine::Impl& s, IoEngine& io, const std::st
 // Streams every chunk from the files into the engine's optimizer state tier, checking
 // each chunk's checksum (Corruption naming file, chunk and byte range) and each file's.
 Status RestoreState(Engine::Impl& s, StateReaders& files);
+// The same from a checkpoint of another layout, through a verified source
+// (ReshardSource::Verify).
+Status RestoreResharded(Engine::Impl& s, ReshardSource& source);
 
 }  // namespace strata::ckpt

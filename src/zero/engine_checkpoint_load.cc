@@ -1,8 +1,11 @@
 // Engine::LoadCheckpoint: every rank reads the manifest and checks it against its engine
 // and opens its state files before anything changes (the ranks agree on that), then
-// streams the state into its tiers, restores the scalars and republishes the compute
-// parameters from the restored master (the compute copy is the master rounded, as after
-// every step), so the next Step() is the saving run's.
+// streams the state into its tiers (from its own files, or from every saving rank's when
+// the checkpoint was laid out otherwise: checkpoint_reshard.h), restores the scalars and
+// republishes the compute parameters from the restored master (the compute copy is the
+// master rounded, as after every step), so the next Step() is the saving run's.
+#include <chrono>
+
 #include "strata/log.h"
 #include "zero/checkpoint_dir.h"
 #include "zero/engine_checkpoint.h"
@@ -16,33 +19,10 @@ std::string Shape(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-// InvalidArgument naming the first thing of the checkpoint that this engine cannot take.
+// InvalidArgument naming the first thing of the checkpoint that this engine cannot take:
+// another model. Another world size, sharding or chunk size is resharded (SameLayout).
 Status CheckFits(const Engine::Impl& s, const ckpt::Manifest& m, const std::string& dir) {
-  const CheckpointInfo& i = m.info;
   const std::string head = "checkpoint " + dir + " does not fit this engine: ";
-  if (i.world_size != s.world_size) {
-    return InvalidArgumentError(
-        head + "it was saved by " + std::to_string(i.world_size) + " ranks, this engine has " +
-        std::to_string(s.world_size) +
-        "; loading at another world size (resharding) is not supported yet: resume with " +
-        std::to_string(i.world_size) + " ranks");
-  }
-  const bool sharded = i.stage > 0 && i.world_size > 1, shards = s.stage > 0 && s.world_size > 1;
-  if (sharded != shards) {
-    return InvalidArgumentError(
-        head + "it was saved at stage " + std::to_string(i.stage) +
-        (sharded ? " (optimizer state sharded over the ranks)" : " (replicated on every rank)") +
-        ", this engine runs stage " + std::to_string(s.stage) +
-        "; switching between stage 0 and stages 1-3 with several ranks needs "
-        "resharding, which is not supported yet");
-  }
-  if (i.chunk_elems != s.layout.chunk_elems || i.num_chunks != s.layout.num_chunks) {
-    return InvalidArgumentError(head + "its layout has " + std::to_string(i.num_chunks) + " chunks of " +
-                                std::to_string(i.chunk_elems) + " elements, this engine's " +
-                                std::to_string(s.layout.num_chunks) + " of " +
-                                std::to_string(s.layout.chunk_elems) +
-                                " (a different model, or strata.chunk_size: resume with the saving run's)");
-  }
   if (m.tensors.size() != s.layout.tensors.size()) {
     return InvalidArgumentError(head + "it holds " + std::to_string(m.tensors.size()) +
                                 " tensors, this engine's model declares " +
@@ -51,15 +31,10 @@ Status CheckFits(const Engine::Impl& s, const ckpt::Manifest& m, const std::stri
   for (size_t t = 0; t < m.tensors.size(); ++t) {
     const ckpt::TensorEntry& e = m.tensors[t];
     const TensorDecl& d = s.model.tensors[t];
-    const zero::TensorPlace& p = s.layout.tensors[t];
-    if (e.name != d.name || e.shape != d.shape || e.chunk != p.chunk || e.offset != p.offset) {
+    if (e.name != d.name || e.shape != d.shape) {
       return InvalidArgumentError(head + "tensor " + std::to_string(t) + " is \"" + e.name + "\" " +
                                   Shape(e.shape) + " there, \"" + d.name + "\" " + Shape(d.shape) + " here");
     }
-  }
-  if (i.chunk_bytes != ckpt::ChunkBytes(s) || i.shard_elems != s.opt_elems) {
-    return InvalidArgumentError(head + "its state files hold " + std::to_string(i.shard_elems) +
-                                " elements per chunk, this engine steps " + std::to_string(s.opt_elems));
   }
   for (const auto& [kind, module] : m.call_order) {
     const bool grad = kind == static_cast<int>(zero::UseKind::kGrad);
@@ -73,15 +48,62 @@ Status CheckFits(const Engine::Impl& s, const ckpt::Manifest& m, const std::stri
   return OkStatus();
 }
 
+// Whether each rank's files hold its own shards as this engine lays them out: the same
+// ranks, sharding, chunks and tensor places.
+bool SameLayout(const Engine::Impl& s, const ckpt::Manifest& m) {
+  const CheckpointInfo& i = m.info;
+  const bool sharded = i.stage > 0 && i.world_size > 1, shards = s.stage > 0 && s.world_size > 1;
+  if (i.world_size != s.world_size || sharded != shards || i.chunk_elems != s.layout.chunk_elems ||
+      i.num_chunks != s.layout.num_chunks || i.chunk_bytes != ckpt::ChunkBytes(s) ||
+      i.shard_elems != s.opt_elems)
+    return false;
+  for (size_t t = 0; t < m.tensors.size(); ++t) {
+    const zero::TensorPlace& p = s.layout.tensors[t];
+    if (m.tensors[t].chunk != p.chunk || m.tensors[t].offset != p.offset) return false;
+  }
+  return true;
+}
+
+std::string DescribeLayout(int world, int stage, int chunks, int64_t chunk_elems) {
+  return std::to_string(world) + (world == 1 ? " rank" : " ranks") + " at stage " + std::to_string(stage) +
+         ", " + std::to_string(chunks) + (chunks == 1 ? " chunk" : " chunks") + " of " +
+         std::to_string(chunk_elems) + " elements";
+}
+
+// Where a load takes the state from: the rank's own files, or (another layout) values
+// pulled from every saving rank's.
+struct LoadSource {
+  ckpt::StateReaders files;
+  std::unique_ptr<ckpt::ReshardSource> reshard;
+};
+
 // Phase one: nothing of the engine changes.
-Result<ckpt::StateReaders> PrepareLoad(Engine::Impl& s, Engine& engine, const std::string& dir, IoEngine** io,
-                                       std::unique_ptr<IoEngine>* own_io, ckpt::Manifest* m) {
+Result<LoadSource> PrepareLoad(Engine::Impl& s, Engine& engine, const std::string& dir, IoEngine** io,
+                               std::unique_ptr<IoEngine>* own_io, ckpt::Manifest* m) {
   STRATA_RETURN_IF_ERROR(ckpt::CheckCanCheckpoint(s, "LoadCheckpoint"));
   STRATA_RETURN_IF_ERROR(engine.Flush());
   STRATA_ASSIGN_OR_RETURN(*m, ckpt::ReadManifest(dir));
   STRATA_RETURN_IF_ERROR(CheckFits(s, *m, dir));
   STRATA_ASSIGN_OR_RETURN(*io, ckpt::CheckpointIo(s, own_io));
-  return ckpt::OpenStateFiles(s, **io, dir, *m, m->info.state_ranks == 1 ? 0 : s.rank);
+  LoadSource src;
+  if (SameLayout(s, *m)) {
+    STRATA_ASSIGN_OR_RETURN(src.files,
+                            ckpt::OpenStateFiles(s, **io, dir, *m, m->info.state_ranks == 1 ? 0 : s.rank));
+    return src;
+  }
+  if (s.rank == 0) {
+    STRATA_LOG(kInfo, "ckpt") << "resharding " << dir << ": saved by "
+                              << DescribeLayout(m->info.world_size, m->info.stage, m->info.num_chunks,
+                                                m->info.chunk_elems)
+                              << "; loaded by "
+                              << DescribeLayout(s.world_size, s.stage, s.layout.num_chunks,
+                                                s.layout.chunk_elems);
+  }
+  STRATA_ASSIGN_OR_RETURN(
+      src.reshard, ckpt::ReshardSource::Open(**io, s.arena, dir, *m, s.layout, s.opt_offset, s.opt_elems));
+  // Before anything changes: a corrupt section then leaves the engine as it was.
+  STRATA_RETURN_IF_ERROR(src.reshard->Verify());
+  return src;
 }
 
 // The scalars, the recorded call order, and the compute parameters from the master.
@@ -103,13 +125,14 @@ Status RestoreRest(Engine::Impl& s, const ckpt::Manifest& m) {
 Status Engine::LoadCheckpoint(const std::string& dir_arg, CheckpointMeta* meta) {
   Impl& s = *impl_;
   s.window_disturbed = true;
+  const auto start = std::chrono::steady_clock::now();
   const std::string dir = ckpt::TrimDir(dir_arg);
   const std::string what = "LoadCheckpoint(" + dir + ")";
   ckpt::Manifest m;
   IoEngine* io = nullptr;
   std::unique_ptr<IoEngine> own_io;
-  auto files = PrepareLoad(s, *this, dir, &io, &own_io, &m);
-  STRATA_RETURN_IF_ERROR(ckpt::AgreeOnStatus(s, files.status(), what));
+  auto source = PrepareLoad(s, *this, dir, &io, &own_io, &m);
+  STRATA_RETURN_IF_ERROR(ckpt::AgreeOnStatus(s, source.status(), what));
 
   // From here a failure leaves the state part old, part new: the engine trains no more.
   auto fail = [&](Status st) {
@@ -127,8 +150,10 @@ Status Engine::LoadCheckpoint(const std::string& dir_arg, CheckpointMeta* meta) 
     Status dropped = s.DropNvmeReads();
     if (!dropped.ok()) return fail(ckpt::AgreeOnStatus(s, dropped, what));
   }
-  Status st = ckpt::AgreeOnStatus(s, ckpt::RestoreState(s, *files), what);
-  files->reader = {};  // close the files before the parameters are republished
+  Status st = ckpt::AgreeOnStatus(
+      s, source->reshard ? ckpt::RestoreResharded(s, *source->reshard) : ckpt::RestoreState(s, source->files),
+      what);
+  *source = {};  // close the files before the parameters are republished
   if (st.ok()) st = ckpt::AgreeOnStatus(s, RestoreRest(s, m), what);
   if (st.ok()) st = ckpt::AgreeOnStatus(s, s.AllGatherParams(), what);
   if (!st.ok()) return fail(st);
@@ -138,7 +163,9 @@ Status Engine::LoadCheckpoint(const std::string& dir_arg, CheckpointMeta* meta) 
     meta->optimizer_steps = m.info.optimizer_steps;
   }
   STRATA_LOG(kInfo, "ckpt") << "rank " << s.rank << " loaded " << dir << " (step " << m.info.step_calls
-                            << ")";
+                            << ") in "
+                            << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+                            << " s";
   return OkStatus();
 }
 

@@ -7,12 +7,16 @@
 //    assembles each piece from the three files in one staging set and writes it back to
 //    the chunk's committed slot. No chunk is ever whole in host memory. A chunk kept
 //    resident in pinned memory (partial residency) goes as on the host tier.
+// A load into another layout (checkpoint_reshard.h) writes the same way, taking each
+// piece's values from a ReshardSource instead of the rank's own three files.
 // Why not copy_file_range from the swap: a slot holds one piece's master | m | v
 // together, striped over the swap paths, and its checksums live in the store's memory,
 // so the checkpoint's per-kind files cannot be cut out of it by the kernel; the bytes
 // pass through memory once either way on a single disk.
+#include <algorithm>
 #include <cstring>
 #include <deque>
+#include <vector>
 
 #include "zero/engine_checkpoint.h"
 
@@ -138,11 +142,20 @@ Status RestoreChunkToMemory(Engine::Impl& s, int chunk, StateReaders& f) {
   return OkStatus();
 }
 
-// Each live piece assembled from the three files in one staging set and written to the
-// chunk's committed slot (as the optimizer writes it: with the master as a readable
-// prefix when gathers read parameters from it).
+// A piece of `chunk` assembled in `set` (master | m | v, n values each) goes to the
+// chunk's committed slot, as the optimizer writes it: with the master as a readable
+// prefix when gathers read parameters from it.
+Status WritePiece(Engine::Impl& s, int chunk, int p, float* set) {
+  const int64_t n = s.PieceElems(p);
+  std::memset(set + 3 * n, 0, s.PieceBytes(p) - 3 * n * 4);
+  const Engine::Impl::OptChunk& o = s.opt[chunk];
+  auto wr = s.opt_store->Write(o.slot[o.current][p], set, s.PieceBytes(p), s.param_from_master ? n * 4 : 0);
+  return (wr.ok() ? wr->Wait() : wr.status())
+      .WithContext("checkpoint: writing the optimizer state of chunk " + std::to_string(chunk) + " to NVMe");
+}
+
+// Each live piece assembled from the three files in one staging set.
 Status RestoreChunkToNvme(Engine::Impl& s, int chunk, StateReaders& f, float* set) {
-  Engine::Impl::OptChunk& o = s.opt[chunk];
   for (int p = 0; p < s.pieces; ++p) {
     const int64_t n = s.PieceElems(p);
     if (!s.PieceLive(chunk, p)) {
@@ -150,24 +163,35 @@ Status RestoreChunkToNvme(Engine::Impl& s, int chunk, StateReaders& f, float* se
       continue;
     }
     for (int k = 0; k < kStateKinds; ++k) STRATA_RETURN_IF_ERROR(f.reader[k]->ReadInto(set + k * n, n * 4));
-    std::memset(set + 3 * n, 0, s.PieceBytes(p) - 3 * n * 4);
-    auto wr = s.opt_store->Write(o.slot[o.current][p], set, s.PieceBytes(p), s.param_from_master ? n * 4 : 0);
-    STRATA_RETURN_IF_ERROR((wr.ok() ? wr->Wait() : wr.status())
-                               .WithContext("checkpoint: writing the optimizer state of chunk " +
-                                            std::to_string(chunk) + " to NVMe"));
+    STRATA_RETURN_IF_ERROR(WritePiece(s, chunk, p, set));
   }
   s.SyncParamSource(chunk);
   return OkStatus();
 }
 
-Status CheckChunkSum(const FileReader& r, const CheckpointFileInfo& rec, int chunk, uint64_t chunk_bytes,
-                     uint64_t sum) {
-  if (sum == rec.chunk_xxh3[chunk]) return OkStatus();
-  return CorruptionError("checkpoint file " + r.path() + ": chunk " + std::to_string(chunk) + " (bytes " +
-                         std::to_string(chunk * chunk_bytes) + " to " +
-                         std::to_string((chunk + 1) * chunk_bytes) + ") has checksum " + ChecksumHex(sum) +
-                         ", the manifest says " + ChecksumHex(rec.chunk_xxh3[chunk]) +
-                         ": the file is corrupt (strata ckpt verify lists every bad chunk)");
+// A resharded chunk: its values come from wherever the saving layout put them.
+Status ReshardChunk(Engine::Impl& s, int chunk, ReshardSource& src, float* set, std::vector<float>& bounce) {
+  if (s.OptTierOf(chunk) == ZeroTier::kNvme) {
+    for (int p = 0; p < s.pieces; ++p) {
+      if (!s.PieceLive(chunk, p)) continue;  // wholly padding: never read, so never written
+      const int64_t n = s.PieceElems(p);
+      for (int k = 0; k < kStateKinds; ++k)
+        STRATA_RETURN_IF_ERROR(src.Read(k, chunk, p * s.piece_elems, n, set + k * n));
+      STRATA_RETURN_IF_ERROR(WritePiece(s, chunk, p, set));
+    }
+    s.SyncParamSource(chunk);
+    return OkStatus();
+  }
+  zero::DeviceOps& ops = s.OpsOn(s.OptTierOf(chunk));
+  for (int k = 0; k < kStateKinds; ++k) {
+    float* dst = s.opt[chunk].state + k * s.opt_elems;
+    for (int64_t at = 0; at < s.opt_elems; at += bounce.size()) {
+      const int64_t n = std::min<int64_t>(bounce.size(), s.opt_elems - at);
+      STRATA_RETURN_IF_ERROR(src.Read(k, chunk, at, n, bounce.data()));
+      STRATA_RETURN_IF_ERROR(ops.WriteFromHost(zero::OpsLane::kTraining, dst + at, bounce.data(), n * 4));
+    }
+  }
+  return OkStatus();
 }
 
 }  // namespace
@@ -234,7 +258,8 @@ Status RestoreState(Engine::Impl& s, StateReaders& f) {
                                              : RestoreChunkToMemory(s, c, f);
     for (int k = 0; st.ok() && k < kStateKinds; ++k) {
       auto sum = f.reader[k]->EndSection();
-      st = sum.ok() ? CheckChunkSum(*f.reader[k], *f.record[k], c, chunk_bytes, *sum) : sum.status();
+      st = sum.ok() ? CheckChunkChecksum(f.reader[k]->path(), *f.record[k], c, chunk_bytes, *sum)
+                    : sum.status();
     }
   }
   if (set != nullptr) s.opt_staging.Give(set);
@@ -245,6 +270,18 @@ Status RestoreState(Engine::Impl& s, StateReaders& f) {
                            ", the manifest says " + ChecksumHex(f.record[k]->xxh3));
     }
   }
+  return st;
+}
+
+Status RestoreResharded(Engine::Impl& s, ReshardSource& src) {
+  float* set = nullptr;
+  if (s.opt_tier == ZeroTier::kNvme) {
+    STRATA_ASSIGN_OR_RETURN(set, s.TakeOptStaging());
+  }
+  std::vector<float> bounce(std::min<int64_t>(s.opt_elems, kStreamBufferBytes / 4));
+  Status st;
+  for (int c = 0; st.ok() && c < s.layout.num_chunks; ++c) st = ReshardChunk(s, c, src, set, bounce);
+  if (set != nullptr) s.opt_staging.Give(set);
   return st;
 }
 

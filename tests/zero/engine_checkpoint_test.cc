@@ -216,33 +216,63 @@ TEST(EngineCheckpoint, TruncatedFileIsCorruption) {
   EXPECT_THAT(st.message(), HasSubstr("truncated"));
 }
 
-TEST(EngineCheckpoint, OtherWorldSizeOrLayoutIsRefusedNamingTheDifference) {
+// strata.chunk_size of 64 KiB: two of SmallSpec's modules per chunk instead of one.
+constexpr char kBigChunks[] = R"({"strata": {"chunk_size": "64KiB"}})";
+
+// Another strata.chunk_size lays the tensors out in other chunks: the load reshards, and
+// with no clipping (whose norm is summed chunk by chunk) the run goes on bit for bit.
+TEST(EngineCheckpoint, LoadsIntoAnotherChunkSizeBitExact) {
+  const ResumeSubject mlp = MlpSubject(World(), SmallSpec());
+  for (const Combo& c : ResumeCombos()) CheckLoadBitExact(mlp, c, "", c, kBigChunks);
+  CheckLoadBitExact(mlp, {3, "nvme", "nvme", "auto", kPiecedSubGroup}, kBigChunks, {1, "cpu", "none"}, "");
+  CheckLoadBitExact(mlp, {2, "cpu", "none", "auto", 0, 0, 0.5}, kBigChunks, {3, "nvme", "nvme"}, "");
+  // A tied weight, shared by the first and the last module.
+  ModelDecl tied = PlainChain(4);
+  AddSharedLinear(&tied, /*weight=*/0, /*bias=*/-1);
+  const ResumeSubject chain = ChainSubject(World(), ChainSetup{tied, Always(Sequential(5))});
+  CheckLoadBitExact(chain, {3, "nvme", "nvme"}, "", {1, "cpu", "none"}, kBigChunks);
+}
+
+// A resharding load checks every saved section it takes values from before it changes
+// anything: a corrupt one is named, and the engine trains on as it was.
+TEST(EngineCheckpoint, AReshardingLoadChecksWhatItReadsBeforeItChangesAnything) {
+  Saved s = SaveOne("reshard-flip");
+  auto info = ReadCheckpointInfo(s.dir);
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  ASSERT_GT(info->num_chunks, 1);
+  FlipByte(s.dir + "/exp_avg-r00000.bin", info->chunk_bytes + 100);  // chunk 1
+  const Config config = MakeConfig({3, "nvme", "nvme"}, kBigChunks);
+  {
+    auto box = MakeEngine(World(), config, s.spec);
+    ASSERT_TRUE(box.ok()) << box.status().ToString();
+    Status st = box->engine->LoadCheckpoint(s.dir, nullptr);
+    EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+    EXPECT_THAT(st.message(), HasSubstr("exp_avg-r00000.bin: chunk 1"));
+    std::vector<double> losses;
+    EXPECT_TRUE(TrainSteps(*box->engine, World(), config, s.spec, 0, 1, &losses).ok());
+  }
+  fs::remove(s.dir + "/master-r00000.bin");
+  Status st = LoadInto(s, config);
+  EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.ToString();
+  EXPECT_THAT(st.message(), HasSubstr("rank 0's master file"));
+}
+
+TEST(EngineCheckpoint, AnotherModelOrFormatIsRefusedNamingTheDifference) {
   Saved s = SaveOne("mismatch");
   const std::string manifest = s.dir + "/manifest.json";
   const nlohmann::json original = ReadJson(manifest);
-  // As if saved by two ranks (with the second rank's files recorded).
-  nlohmann::json two = original;
-  two["world_size"] = 2;
-  two["state_ranks"] = 2;
-  for (nlohmann::json f : original["files"]) {
-    f["rank"] = 1;
-    f["path"] = std::string(f["path"]).replace(std::string(f["path"]).find("r00000"), 6, "r00001");
-    two["files"].push_back(f);
-  }
-  WriteJson(manifest, two);
+  nlohmann::json reshaped = original;
+  reshaped["layout"]["tensors"][0]["shape"] = {1, reshaped["layout"]["tensors"][0]["numel"]};
+  WriteJson(manifest, reshaped);
   Status st = LoadInto(s, s.config);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
-  EXPECT_THAT(st.message(), HasSubstr("saved by 2 ranks, this engine has 1"));
-
-  WriteJson(manifest, original);
-  st = LoadInto(s, MakeConfig({1, "cpu", "none"}, R"({"strata": {"chunk_size": "64KiB"}})"));
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
-  EXPECT_THAT(st.message(), HasSubstr("chunks of"));
+  EXPECT_THAT(st.message(), HasSubstr("tensor 0 is"));
 
   nlohmann::json renamed = original;
   renamed["layout"]["tensors"][1]["name"] = "something.else";
   WriteJson(manifest, renamed);
-  st = LoadInto(s, s.config);
+  // Into another chunk size too: a resharding load takes tensors by name, never by place.
+  st = LoadInto(s, MakeConfig({1, "cpu", "none"}, kBigChunks));
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
   EXPECT_THAT(st.message(), HasSubstr("tensor 1 is \"something.else\""));
 
