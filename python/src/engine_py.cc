@@ -23,6 +23,7 @@
 #include "module.h"
 #include "ndarray_util.h"
 #include "status_py.h"
+#include "strata/checkpoint.h"
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/device.h"
@@ -198,6 +199,34 @@ class PyEngine {
     return nb::ndarray<nb::pytorch, float>(values->data(), dims.size(), dims.data(), owner).cast();
   }
 
+  // Engine::SaveCheckpoint into `dir` (collective), with the caller's JSON state.
+  void SaveCheckpoint(const std::string& dir, const std::string& client_json) {
+    Engine& e = Live();
+    Status st;
+    {
+      nb::gil_scoped_release release;
+      st = e.SaveCheckpoint(dir, CheckpointMeta{.json = client_json});
+    }
+    Check(st, "save_checkpoint");
+  }
+
+  // Engine::LoadCheckpoint (collective): (the caller's JSON state, Step() calls of the
+  // saved run, optimizer steps of those).
+  nb::tuple LoadCheckpoint(const std::string& dir) {
+    Engine& e = Live();
+    CheckpointMeta meta;
+    Status st;
+    {
+      nb::gil_scoped_release release;
+      st = e.LoadCheckpoint(dir, &meta);
+    }
+    Check(st, "load_checkpoint");
+    return nb::make_tuple(meta.json, meta.step_calls, meta.optimizer_steps);
+  }
+
+  double learning_rate() const { return Live().learning_rate(); }
+  void set_learning_rate(double lr) { Check(Live().SetLearningRate(lr), "lr"); }
+
   double loss_scale() const { return Live().loss_scale(); }
   int rank() const { return (Live(), world_->rank()); }
   int world_size() const { return (Live(), world_->size()); }
@@ -223,7 +252,7 @@ class PyEngine {
     if (!engine_) RaiseStatus(FailedPreconditionError("the engine was closed"), "strata.Engine");
     return *engine_;
   }
-  void Check(const Status& st, const char* call) {
+  void Check(const Status& st, const char* call) const {
     if (!st.ok()) RaiseStatus(st, std::string("strata.Engine.") + call);
   }
 
@@ -258,6 +287,9 @@ void BindEngine(nb::module_& m) {
       .def("begin_micro_batch", &PyEngine::BeginMicroBatch)
       .def("step", &PyEngine::Step)
       .def("gather_master", &PyEngine::GatherMaster, nb::arg("tensor"))
+      .def("save_checkpoint", &PyEngine::SaveCheckpoint, nb::arg("dir"), nb::arg("client_json"))
+      .def("load_checkpoint", &PyEngine::LoadCheckpoint, nb::arg("dir"))
+      .def_prop_rw("lr", &PyEngine::learning_rate, &PyEngine::set_learning_rate)
       .def("close", &PyEngine::Close)
       .def_prop_ro("loss_scale", &PyEngine::loss_scale)
       .def_prop_ro("rank", &PyEngine::rank)

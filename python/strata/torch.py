@@ -12,6 +12,7 @@ run during the backward, as they do in C++::
         loss = loss_fn(engine(batch.x), batch.y)
         engine.backward(loss)
         engine.step()                       # steps at the end of each accumulation window
+    engine.save_checkpoint("ckpt")          # and engine.load_checkpoint("ckpt") to resume
 
 What this version runs: ZeRO stages 0-3 with the optimizer state and (stage 3) the
 parameters on the device, in pinned host memory or on NVMe, CPU tensors on the sim
@@ -101,6 +102,7 @@ class Engine:
         self._modules = modules
         self._module_tensors = module_tensors
         self._micro = 0
+        self.global_steps = 0  # step() calls that ended an accumulation window
         # Stage 3: per module, the backward fetches whose release waits for its gradients,
         # and the parameters still to hand theirs in; releases due after a gradient hook.
         self._open_backward = [0] * len(modules)
@@ -202,7 +204,68 @@ class Engine:
         if self._micro < self._engine.gradient_accumulation_steps:
             return None
         self._micro = 0
-        return self._engine.step()
+        report = self._engine.step()
+        self.global_steps += 1
+        return report
+
+    # --- checkpoints (DeepSpeed's engine calls) -------------------------------------------
+    def save_checkpoint(self, save_dir: Union[str, os.PathLike], tag: Any = None,
+                        client_state: Dict[str, Any] = None, save_latest: bool = True) -> str:
+        """Saves the training state into ``save_dir/tag`` (default ``global_step<N>``, N
+        the steps taken) and returns that path; collective. ``client_state`` (a JSON
+        dict) comes back from ``load_checkpoint``; ``save_latest`` writes the tag into
+        ``save_dir/latest``, as DeepSpeed does. The format, its crash safety and its
+        checksums are strata's (docs/checkpoints.md): the fp32 master, Adam's moments,
+        the step counts, the loss scaler and the learning rate, from whichever tier holds
+        them. Call it between ``step()`` and the next micro-batch."""
+        if self._micro:
+            raise RuntimeError("strata.torch: save_checkpoint inside an accumulation window "
+                               f"({self._micro} of {self._engine.gradient_accumulation_steps} micro-batches "
+                               "done); call it after step()")
+        try:
+            state = json.dumps({"client_state": client_state or {}, "global_steps": self.global_steps})
+        except TypeError as e:
+            raise TypeError(f"strata.torch.save_checkpoint: client_state must be JSON: {e}") from None
+        tag = f"global_step{self.global_steps}" if tag is None else str(tag)
+        path = os.path.join(os.fspath(save_dir), tag)
+        self._engine.save_checkpoint(path, state)
+        if save_latest and self.rank == 0:
+            latest = os.path.join(os.fspath(save_dir), "latest")
+            with open(latest + ".tmp", "w", encoding="utf-8") as f:
+                f.write(tag)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(latest + ".tmp", latest)
+        return path
+
+    def load_checkpoint(self, load_dir: Union[str, os.PathLike], tag: Any = None):
+        """Loads ``load_dir/tag`` (default: the tag in ``load_dir/latest``) into the
+        engine and returns ``(path, client_state)``, or ``(None, None)`` when there is no
+        ``latest`` to follow (a fresh start, as DeepSpeed). Collective. The checkpoint may
+        come from another number of ranks, stage, offload or chunk size: it is resharded
+        as it loads. A checkpoint of another model is refused naming the tensor."""
+        load_dir = os.fspath(load_dir)
+        if tag is None:
+            latest = os.path.join(load_dir, "latest")
+            if not os.path.isfile(latest):
+                return None, None
+            with open(latest, encoding="utf-8") as f:
+                tag = f.read().strip()
+        path = os.path.join(load_dir, str(tag))
+        state, step_calls, _ = self._engine.load_checkpoint(path)
+        saved = json.loads(state)
+        self.global_steps = int(saved.get("global_steps", step_calls))
+        self._micro = 0
+        return path, saved.get("client_state", {})
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the next step uses (settable between steps)."""
+        return self._engine.lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self._engine.lr = value
 
     def master(self, tensor: int) -> torch.Tensor:
         """The fp32 master of the engine's tensor ``tensor`` (collective over the ranks)."""

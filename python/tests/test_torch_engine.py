@@ -94,11 +94,78 @@ def test_other_devices_are_refused_by_name() -> None:
         st.initialize(model, {"zero_optimisation": {"stage": 1}})
 
 
-def test_two_ranks_under_mpirun_match_torch_on_the_global_batch() -> None:
+def test_two_ranks_under_mpirun_match_torch_and_their_checkpoint_loads_on_one(io_dir) -> None:
     script = Path(__file__).with_name("torch_engine_ranks.py")
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
-    r = subprocess.run(["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2", sys.executable, str(script)],
-                       env=env, capture_output=True, text=True, timeout=300)
+    ckpt = io_dir / "two-ranks"
+    r = subprocess.run(["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2", sys.executable, str(script),
+                        str(ckpt)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ranks match torch" in r.stdout
+    # Saved by two ranks at stage 3; loaded by this one at stage 1 (resharded).
+    model, _ = make_models(seed=11)
+    engine = st.initialize(model, config(1, "cpu", accumulation=2))
+    try:
+        path, client = engine.load_checkpoint(ckpt)
+        assert path == str(ckpt / "global_step3") and client == {"ranks": 2}
+        want = torch.load(ckpt / "masters.pt")
+        for got, w in zip(engine.master_params(), want):
+            assert torch.equal(got, w)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("stage,offload,param", [(1, "cpu", "none"), (3, "nvme", "nvme")])
+def test_a_checkpoint_resumes_bit_for_bit(stage: int, offload: str, param: str, io_dir) -> None:
+    data = batches(steps=4, micro=1, global_batch=8, seed=9)
+    cfg = config(stage, offload, param=param, nvme_path=str(io_dir))
+    engine = st.initialize(make_models(seed=9)[0], cfg)
+    try:
+        train_engine(engine, data[:2])
+        path = engine.save_checkpoint(io_dir / "ckpt", client_state={"epoch": 1})
+        after = train_engine(engine, data[2:])
+        want = engine.master_params()
+    finally:
+        engine.close()
+    assert path == str(io_dir / "ckpt" / "global_step2")
+    assert (io_dir / "ckpt" / "latest").read_text() == "global_step2"
+    engine = st.initialize(make_models(seed=10)[0], cfg)  # other initial values
+    try:
+        loaded, client = engine.load_checkpoint(io_dir / "ckpt")
+        assert (loaded, client, engine.global_steps) == (path, {"epoch": 1}, 2)
+        again = train_engine(engine, data[2:])
+        got = engine.master_params()
+    finally:
+        engine.close()
+    assert again == after
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+def test_checkpoint_misuse_is_refused_by_name(io_dir) -> None:
+    engine = st.initialize(make_models(seed=12)[0], config(2, "cpu", accumulation=2))
+    try:
+        assert engine.load_checkpoint(io_dir / "nothing-here") == (None, None)
+        x, y = batches(steps=1, micro=1, global_batch=8)[0][0]
+        engine.backward(loss_of(engine(x), y))
+        with pytest.raises(RuntimeError, match="inside an accumulation window"):
+            engine.save_checkpoint(io_dir / "ckpt")
+        engine.backward(loss_of(engine(x), y))
+        engine.step()
+        with pytest.raises(TypeError, match="client_state must be JSON"):
+            engine.save_checkpoint(io_dir / "ckpt", client_state={"bad": object()})
+        engine.save_checkpoint(io_dir / "ckpt", tag="mine")
+        engine.lr = 0.5
+        assert engine.lr == 0.5
+        with pytest.raises(ValueError, match="learning rate"):
+            engine.lr = -1.0
+    finally:
+        engine.close()
+    other = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    engine = st.initialize(other, config(1, "cpu"))
+    try:
+        with pytest.raises(ValueError, match="does not fit this engine"):
+            engine.load_checkpoint(io_dir / "ckpt", tag="mine")
+    finally:
+        engine.close()

@@ -1,10 +1,14 @@
 """Run by test_torch_engine.py under mpirun -np 2 (stage 3, optimizer state and parameters
 in pinned host memory): each rank trains its half of every global batch; rank 0 compares
-the engine's masters with torch on the whole batch."""
+the engine's masters with torch on the whole batch. Then the ranks save a checkpoint into
+argv[1], and rank 0 writes the masters beside it (masters.pt) for the test to compare."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+import torch
 
 import strata.torch as st
 from torch_engine_model import batches, config, make_models, train_reference
@@ -23,4 +27,8 @@ if engine.rank == 0:
     if worst >= ATOL:
         sys.exit(1)
     print("ranks match torch")
+ckpt = Path(sys.argv[1])
+engine.save_checkpoint(ckpt, client_state={"ranks": engine.world_size})
+if engine.rank == 0:
+    torch.save(masters, ckpt / "masters.pt")
 engine.close()
