@@ -29,8 +29,9 @@ TEST(EngineCheckpointMpi, LoadsIntoAnotherShardedStageAndOffload) {
   CheckResumeBitExact(World(), {2, "none", "none"}, {3, "cpu", "nvme"});
 }
 
-// Saved by every rank; loaded by the first half of them (a world of their own, with
-// another chunk size, stage and tier) and saved again; then loaded by every rank. The
+// Saved by every rank; loaded by the first half of them, or by rank 0 alone (a world of
+// their own, with another chunk size, stage and tier) and saved again; then loaded by
+// every rank. The
 // state comes back whole through both reshardings, so the run goes on bit for bit.
 TEST(EngineCheckpointMpi, ReshardsToFewerRanksAndBackBitExact) {
   struct Case {
@@ -41,31 +42,37 @@ TEST(EngineCheckpointMpi, ReshardsToFewerRanksAndBackBitExact) {
       {{0, "none", "none"}, {3, "nvme", "nvme", "auto", kPiecedSubGroup}, {0, "none", "none"}},
       {{2, "cpu", "none"}, {0, "none", "none"}, {3, "cpu", "nvme"}},
   };
-  const int half = std::max(1, World().size() / 2);
-  const bool first_half = World().rank() < half;
-  auto sub = World().Split(/*colour=*/first_half ? 0 : 1, /*key=*/World().rank());
-  ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+  // The middle world: half the ranks, then rank 0 alone (2 -> 1 -> 2, 4 -> 2 -> 4, 4 -> 1 -> 4).
+  std::vector<int> middles{std::max(1, World().size() / 2)};
+  if (middles[0] > 1) middles.push_back(1);
   const zero::TrainSpec spec = SmallSpec();
-  for (const Case& c : cases) {
-    const std::string name = ComboName(c.save) + " -> " + ComboName(c.middle) + " -> " + ComboName(c.load);
-    SCOPED_TRACE(name);
-    const std::string root = CheckpointRoot("reshard") + "/" + std::to_string(std::hash<std::string>()(name));
-    auto a = TrainSaveAndGoOn(MlpSubject(World(), spec), MakeConfig(c.save), root + "/a", 3, 3);
-    ASSERT_TRUE(a.ok()) << a.status().ToString();
-    if (first_half) {
-      auto box = MlpSubject(**sub, spec)
-                     .make(MakeConfig(c.middle, R"({"strata": {"chunk_size": "64KiB"}})"),
-                           /*other_init=*/true);
-      Status st = box.status();
-      CheckpointMeta meta;
-      if (st.ok()) st = box->engine->LoadCheckpoint(root + "/a", &meta);
-      if (st.ok()) st = box->engine->SaveCheckpoint(root + "/b", meta);
-      EXPECT_TRUE(st.ok()) << st.ToString();  // no ASSERT: every rank must reach the barrier
+  for (int middle : middles) {
+    const bool first_half = World().rank() < middle;
+    auto sub = World().Split(/*colour=*/first_half ? 0 : 1, /*key=*/World().rank());
+    ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+    for (const Case& c : cases) {
+      const std::string name = ComboName(c.save) + " -> " + std::to_string(middle) + " rank(s) " +
+                               ComboName(c.middle) + " -> " + ComboName(c.load);
+      SCOPED_TRACE(name);
+      const std::string root =
+          CheckpointRoot("reshard") + "/" + std::to_string(std::hash<std::string>()(name));
+      auto a = TrainSaveAndGoOn(MlpSubject(World(), spec), MakeConfig(c.save), root + "/a", 3, 3);
+      ASSERT_TRUE(a.ok()) << a.status().ToString();
+      if (first_half) {
+        auto box = MlpSubject(**sub, spec)
+                       .make(MakeConfig(c.middle, R"({"strata": {"chunk_size": "64KiB"}})"),
+                             /*other_init=*/true);
+        Status st = box.status();
+        CheckpointMeta meta;
+        if (st.ok()) st = box->engine->LoadCheckpoint(root + "/a", &meta);
+        if (st.ok()) st = box->engine->SaveCheckpoint(root + "/b", meta);
+        EXPECT_TRUE(st.ok()) << st.ToString();  // no ASSERT: every rank must reach the barrier
+      }
+      ASSERT_TRUE(World().Barrier().Wait().ok());
+      auto b = LoadAndGoOn(MlpSubject(World(), spec), MakeConfig(c.load), root + "/b", 3, 3);
+      ASSERT_TRUE(b.ok()) << b.status().ToString();
+      ExpectSameRun(*a, *b);
     }
-    ASSERT_TRUE(World().Barrier().Wait().ok());
-    auto b = LoadAndGoOn(MlpSubject(World(), spec), MakeConfig(c.load), root + "/b", 3, 3);
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
-    ExpectSameRun(*a, *b);
   }
 }
 
