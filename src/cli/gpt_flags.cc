@@ -43,7 +43,12 @@ void AddGptFlags(CLI::App* cmd, GptFlags* g) {
       cmd->add_option(
           "--resume", g->run.resume,
           "continue from a checkpoint: its directory, a --save directory (its newest), or \"auto\" (the "
-          "newest under --save, none: a fresh start); --steps counts the whole run's steps")};
+          "newest under --save, none: a fresh start); --steps counts the whole run's steps"),
+      cmd->add_option(
+          "--init-from", g->run.init_from,
+          "start from the weights of a safetensors file (strata ckpt export, or written elsewhere): "
+          "every tensor of the model by name and shape; with --resume auto, only when there is "
+          "no checkpoint to resume")};
 }
 
 Status CheckGptFlags(const GptFlags& g) {
@@ -74,6 +79,11 @@ Status CheckGptFlags(const GptFlags& g) {
   if (g.run.save_dir.empty() && (g.run.save_every > 0 || g.run.resume == "auto")) {
     return InvalidArgumentError(std::string(g.run.save_every > 0 ? "--save-every" : "--resume auto") +
                                 " needs --save DIR: the directory the checkpoints go to");
+  }
+  if (!g.run.init_from.empty() && !g.run.resume.empty() && g.run.resume != "auto") {
+    return InvalidArgumentError("--init-from and --resume " + g.run.resume +
+                                ": a resume restores the checkpoint's weights and optimizer state; give one "
+                                "(--resume auto starts from --init-from when there is no checkpoint yet)");
   }
   return OkStatus();
 }

@@ -18,6 +18,7 @@
 #include "tools/process_memory.h"
 #include "tools/step_bench.h"
 #include "zero/gpt_trainer.h"
+#include "zero/safetensors_init.h"
 
 namespace strata::cli {
 namespace {
@@ -175,8 +176,18 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
   ParamInit init = [spec](TensorId t, int64_t b, int64_t n, float* out) {
     model::InitGptTensor(spec, t, b, n, out);
   };
+  std::shared_ptr<Status> init_error;
+  if (!job.run.init_from.empty()) {
+    auto from = zero::OpenSafetensorsInit(job.run.init_from, model::GptModel(spec));
+    if (!from.ok()) return EndFailedRun(from.status().WithContext("--init-from"), guard);
+    init = from->init;
+    init_error = from->read_error;
+    if (rank0 && !job.json)
+      std::printf("initial weights: %s (%d tensors)\n", job.run.init_from.c_str(), from->tensors);
+  }
   auto setup = tools::CreateModelEngine(world, job.config, model::GptModel(spec), init, nullptr);
   if (!setup.ok()) return EndFailedRun(setup.status(), guard);
+  if (init_error && !init_error->ok()) return EndFailedRun(init_error->WithContext("--init-from"), guard);
   zero::GptTrainSpec ts;
   ts.model = spec;
   ts.seq = job.seq;

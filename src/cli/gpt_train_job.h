@@ -27,7 +27,8 @@ struct GptRunSettings {
   std::string save_dir;  // checkpoints; empty: none
   int save_every = 0;    // 0: after the last step only
   int keep = 2;
-  std::string resume;  // a checkpoint, a --save directory, or "auto"; empty: fresh start
+  std::string resume;     // a checkpoint, a --save directory, or "auto"; empty: fresh start
+  std::string init_from;  // a safetensors file of initial weights; empty: the model's init
 };
 
 struct GptTrainJob {

@@ -249,6 +249,40 @@ TEST_F(GptTrainCli, ASaveOfTwoRanksResumesOnOne) {
   }
 }
 
+// The weights of an exported checkpoint start a new run where the saved one stood (its
+// validation loss, to the bit); a file that does not fit the model is refused naming every
+// tensor that differs.
+TEST_F(GptTrainCli, StartsFromExportedWeightsAndNamesEveryMismatch) {
+  const std::string ck = (dir_ / "ck").string(), a = (dir_ / "a.jsonl").string(),
+                    b = (dir_ / "b.jsonl").string();
+  const std::string weights = (dir_ / "w.safetensors").string();
+  CliRun r = RunStrata(Tiny({"--log", a, "--save", ck, "--lr", "0.01"}, 5));
+  ASSERT_EQ(r.exit_status, 0) << r.err;
+  r = RunStrata({"ckpt", "export", ck + "/step-000000005", "--out", weights});
+  ASSERT_EQ(r.exit_status, 0) << r.err;
+  r = RunStrata(Tiny({"--log", b, "--init-from", weights, "--stage", "1"}, 1));
+  ASSERT_EQ(r.exit_status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("initial weights: " + weights));
+  const auto saved = Losses(ReadLog(a)), started = Losses(ReadLog(b));
+  ASSERT_TRUE(saved.count({5, "val_loss"}) && started.count({0, "val_loss"}));
+  EXPECT_EQ(started.at({0, "val_loss"}), saved.at({5, "val_loss"}));
+
+  r = RunStrata(Tiny({"--init-from", weights, "--n-embd", "32"}, 1));
+  EXPECT_EQ(r.exit_status, 1);
+  EXPECT_THAT(r.err, HasSubstr("does not fit the model"));
+  EXPECT_THAT(r.err, HasSubstr("\"wte\": [256, 16] in the file, the model's is [256, 32]"));
+  r = RunStrata(Tiny({"--init-from", weights, "--untied"}, 1));
+  EXPECT_EQ(r.exit_status, 1);
+  EXPECT_THAT(r.err, HasSubstr("not in the file"));
+  std::ofstream(dir_ / "junk.safetensors") << "not a safetensors file at all";
+  r = RunStrata(Tiny({"--init-from", (dir_ / "junk.safetensors").string()}, 1));
+  EXPECT_EQ(r.exit_status, 1);
+  EXPECT_THAT(r.err, HasSubstr("not a safetensors file"));
+  r = RunStrata(Tiny({"--init-from", weights, "--resume", ck}, 1));
+  EXPECT_EQ(r.exit_status, 1);
+  EXPECT_THAT(r.err, HasSubstr("--init-from and --resume"));
+}
+
 TEST_F(GptTrainCli, RefusesFlagsOfTheOtherModelAndBadDataWithTheirNames) {
   struct Case {
     std::vector<std::string> args;
