@@ -5,8 +5,11 @@
 // A training loop (the whole integration):
 //   after Step() of step s, every --save-every N steps, on every rank:
 //     CheckpointMeta meta{.json = loop_state.dump()};   // data position, lr step, seeds, ...
-//     st = engine->SaveCheckpoint(CheckpointPath(parent, s + 1), meta);  // collective
-//     if (st.ok() && rank == 0) KeepNewestCheckpoints(parent, keep);
+//     st = engine->StartCheckpoint(CheckpointPath(parent, s + 1), meta);  // collective
+//   after the next Step() (the files are written meanwhile):
+//     times = engine->FinishCheckpoint();                                 // collective
+//     if (times.ok() && rank == 0) KeepNewestCheckpoints(parent, keep);
+//   (SaveCheckpoint does both at once.)
 //   to resume, after Engine::Create and before the first micro-batch, on every rank:
 //     dir = LatestCheckpoint(parent)  (or the directory the user names)
 //     engine->LoadCheckpoint(*dir, &meta);  // collective; meta.json is the loop's state
@@ -61,6 +64,16 @@ struct CheckpointMeta {
   // skips excluded; Adam's bias correction counts these).
   int64_t step_calls = 0;
   int64_t optimizer_steps = 0;
+};
+
+// Where training waited for a save (Engine::FinishCheckpoint), in seconds.
+struct CheckpointTimes {
+  double started_s = 0;         // the training thread in StartCheckpoint (Flush, snapshot)
+  double finish_wait_s = 0;     // FinishCheckpoint waiting for this rank's files
+  double optimizer_wait_s = 0;  // the optimizer waiting for blocks the save had not read
+  double total_s = 0;           // from StartCheckpoint to the checkpoint in place
+  // What the save cost training at most (the optimizer's waits may overlap the backward).
+  double stalled_s() const { return started_s + finish_wait_s + optimizer_wait_s; }
 };
 
 // "<parent>/step-<step, 9 digits>": the name CheckpointPath gives, which sorts by step.

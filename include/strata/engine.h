@@ -79,7 +79,8 @@
 
 namespace strata {
 
-struct CheckpointMeta;  // checkpoint.h
+struct CheckpointMeta;   // checkpoint.h
+struct CheckpointTimes;  // checkpoint.h
 class HostArena;
 class IoFaultHook;  // io.h: test-only fault injection
 class Timeline;
@@ -325,22 +326,35 @@ class Engine : public ModuleHooks {
   Status GatherMaster(TensorId tensor, std::vector<float>* out);
 
   // Checkpoints (checkpoint.h: the directory's layout, CheckpointPath, LatestCheckpoint,
-  // KeepNewestCheckpoints). Both are collective over the world (every rank, the same
-  // `dir` on a file system all ranks share) and are called on the training thread
-  // between Step() and the next micro-batch; they Flush() first.
-  // SaveCheckpoint writes this rank's fp32 master, Adam m and v from whatever tier holds
-  // them (streamed through two 4 MiB buffers per file; NVMe state through the engine's
-  // own staging sets), the optimizer step count, the loss scaler, the learning rate, the
-  // recorded call order and meta.json, crash-safely: `dir` appears, complete, only once
-  // every rank's files are on disk; an older checkpoint at `dir` is replaced atomically.
-  // A failed save (InvalidArgument for meta.json that is not JSON, FailedPrecondition
-  // for a `dir` that holds something else or an engine that cannot save now, IoError /
-  // ResourceExhausted from the disk, Aborted naming a rank that failed) leaves `dir` as
-  // it was and the engine untouched: training may go on (an error of the Flush() before
-  // it is the engine's own, as Flush() says). Host memory it adds: 24 MiB, whatever the
-  // model size.
+  // KeepNewestCheckpoints). Each call is collective over the world (every rank, the same
+  // `dir` on a file system all ranks share) and is made on the training thread between
+  // Step() and the next micro-batch.
+  // StartCheckpoint begins saving the state as of the last Step(): this rank's fp32
+  // master, Adam m and v from whatever tier holds them, the optimizer step count, the
+  // loss scaler, the learning rate, the recorded call order and meta.json. It returns
+  // once the save knows where every block is (after a Flush()); a worker thread writes
+  // the files while training goes on, and the optimizer waits before it overwrites a
+  // block the save has not read yet (NVMe state is overwritten two steps on, memory
+  // state one step on when stepped in place). State on the device is written out before
+  // it returns. A save still in progress is finished first. Host memory while it runs:
+  // 24 MiB of stream buffers and two optimizer pieces (NVMe), whatever the model size.
+  // Errors: InvalidArgument for meta.json that is not JSON, FailedPrecondition for a
+  // `dir` that holds something else or an engine that cannot save now, Aborted naming a
+  // rank that cannot; the engine and `dir` are as they were.
+  Status StartCheckpoint(const std::string& dir, const CheckpointMeta& meta);
+  // FinishCheckpoint waits for this rank's files, then (rank 0) writes the manifest and
+  // renames the save into place: `dir` appears, complete, only once every rank's files
+  // are on disk, replacing an older checkpoint at `dir` atomically. Call it after a later
+  // Step() (or at once); FailedPrecondition without a save in progress. A failed save
+  // (IoError / ResourceExhausted from the disk, Aborted naming a rank that failed)
+  // leaves `dir` as it was and training may go on. Returns where the training thread
+  // and the optimizer waited for the save.
+  Result<CheckpointTimes> FinishCheckpoint();
+  bool checkpoint_in_progress() const;
+  // SaveCheckpoint is StartCheckpoint and FinishCheckpoint at once.
   Status SaveCheckpoint(const std::string& dir, const CheckpointMeta& meta);
-  // LoadCheckpoint restores what SaveCheckpoint saved into this engine's tiers (any
+  // LoadCheckpoint (a save in progress is finished first) restores what SaveCheckpoint
+  // saved into this engine's tiers (any
   // offload, stage, world size and chunk size: a checkpoint laid out otherwise is
   // resharded, each rank pulling its shards tensor by tensor from the saving ranks'
   // files), republishes the compute parameters, and fills *meta (may be null). Given the

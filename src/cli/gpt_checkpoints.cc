@@ -1,6 +1,5 @@
 #include "cli/gpt_checkpoints.h"
 
-#include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -73,17 +72,20 @@ Result<ResumePoint> Resume(Engine& engine, const GptTrainJob& job, const model::
   return p;
 }
 
-Result<double> Save(Engine& engine, const GptTrainJob& job, const model::TokenFile& train, int64_t done,
-                    int64_t applied, int rank) {
-  const auto t0 = std::chrono::steady_clock::now();
+Status StartSave(Engine& engine, const GptTrainJob& job, const model::TokenFile& train, int64_t done,
+                 int64_t applied) {
   nlohmann::json state = RunIdentity(job, train);
   state["steps_done"] = done;
   state["applied"] = applied;
   CheckpointMeta meta;
   meta.json = state.dump();
-  STRATA_RETURN_IF_ERROR(engine.SaveCheckpoint(CheckpointPath(job.run.save_dir, done), meta));
+  return engine.StartCheckpoint(CheckpointPath(job.run.save_dir, done), meta);
+}
+
+Result<CheckpointTimes> FinishSave(Engine& engine, const GptTrainJob& job, int rank) {
+  STRATA_ASSIGN_OR_RETURN(CheckpointTimes times, engine.FinishCheckpoint());
   if (rank == 0) STRATA_RETURN_IF_ERROR(KeepNewestCheckpoints(job.run.save_dir, job.run.keep));
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return times;
 }
 
 }  // namespace strata::cli

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/gpt_train_job.h"
+#include "strata/checkpoint.h"
 #include "strata/engine.h"
 #include "strata/token_data.h"
 
@@ -26,10 +27,12 @@ struct ResumePoint {
 // length, data seed or training file), else the errors of Engine::LoadCheckpoint.
 Result<ResumePoint> Resume(Engine& engine, const GptTrainJob& job, const model::TokenFile& train);
 
-// Saves after `done` steps (`applied` of them applied) into
-// CheckpointPath(job.save_dir, done) and keeps the newest job.keep (rank 0 prunes).
-// Returns the seconds training stood still for it.
-Result<double> Save(Engine& engine, const GptTrainJob& job, const model::TokenFile& train, int64_t done,
-                    int64_t applied, int rank);
+// Starts saving the state after `done` steps (`applied` of them applied) into
+// CheckpointPath(job.save_dir, done); the files are written while training goes on.
+Status StartSave(Engine& engine, const GptTrainJob& job, const model::TokenFile& train, int64_t done,
+                 int64_t applied);
+// Finishes the save StartSave began (call it after the next step, or at the end) and
+// keeps the newest job.keep (rank 0 prunes). Returns where training waited for it.
+Result<CheckpointTimes> FinishSave(Engine& engine, const GptTrainJob& job, int rank);
 
 }  // namespace strata::cli

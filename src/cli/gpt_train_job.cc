@@ -90,6 +90,7 @@ struct Loop {
   bool print;  // rank 0 in text mode
   nlohmann::json steps = nlohmann::json::array();
   nlohmann::json evals = nlohmann::json::array();
+  int saving = -1;  // the steps done of the save in progress; -1: none
 
   Status Evaluate(int step) {
     STRATA_ASSIGN_OR_RETURN(const double loss, trainer.Evaluate());
@@ -100,15 +101,28 @@ struct Loop {
     return OkStatus();
   }
 
-  // A save after `done` steps when one is due: every --save-every steps and after the last.
-  Status MaybeSave(int done, int64_t applied) {
+  // A save after `done` steps when one is due (every --save-every steps and after the
+  // last): started here, written while the next step runs, finished after it.
+  Status MaybeStartSave(int done, int64_t applied) {
     const bool due = done == job.steps || (job.run.save_every > 0 && done % job.run.save_every == 0);
     if (job.run.save_dir.empty() || !due) return OkStatus();
-    STRATA_ASSIGN_OR_RETURN(const double seconds, Save(engine, job, train, done, applied, world.rank()));
+    STRATA_RETURN_IF_ERROR(StartSave(engine, job, train, done, applied));
+    saving = done;
+    return OkStatus();
+  }
+
+  Status FinishPendingSave() {
+    if (saving < 0) return OkStatus();
+    const int done = saving;
+    saving = -1;
+    STRATA_ASSIGN_OR_RETURN(const CheckpointTimes t, FinishSave(engine, job, world.rank()));
     const std::string path = CheckpointPath(job.run.save_dir, done);
-    if (world.rank() == 0) log.Write({{"step", done}, {"checkpoint", path}, {"save_s", seconds}});
-    if (print)
-      std::printf("checkpoint %s saved (training paused %s)\n", path.c_str(), FormatSeconds(seconds).c_str());
+    if (world.rank() == 0)
+      log.Write({{"step", done}, {"checkpoint", path}, {"save_s", t.total_s}, {"stall_s", t.stalled_s()}});
+    if (print) {
+      std::printf("checkpoint %s saved in %s, written behind training (training waited %s)\n", path.c_str(),
+                  FormatSeconds(t.total_s).c_str(), FormatSeconds(t.stalled_s()).c_str());
+    }
     return OkStatus();
   }
 
@@ -140,9 +154,10 @@ struct Loop {
       const bool last = step + 1 == job.steps;
       if (last || (job.run.eval_every > 0 && (step + 1) % job.run.eval_every == 0))
         STRATA_RETURN_IF_ERROR(Evaluate(step + 1));
-      STRATA_RETURN_IF_ERROR(MaybeSave(step + 1, applied));
+      STRATA_RETURN_IF_ERROR(FinishPendingSave());  // the one started a step ago
+      STRATA_RETURN_IF_ERROR(MaybeStartSave(step + 1, applied));
     }
-    return OkStatus();
+    return FinishPendingSave();
   }
 
   Status Sample() {

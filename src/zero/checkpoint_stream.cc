@@ -13,22 +13,22 @@
 
 namespace strata::ckpt {
 
-Result<std::unique_ptr<StreamBuffers>> StreamBuffers::Create(HostArena* arena) {
+Result<std::unique_ptr<StreamBuffers>> StreamBuffers::Create(HostArena* arena, uint64_t bytes) {
   std::unique_ptr<StreamBuffers> b(new StreamBuffers());
   b->arena_ = arena;
   for (int i = 0; i < 2; ++i) {
     if (arena != nullptr) {
-      auto block = arena->Allocate(kStreamBufferBytes);
+      auto block = arena->Allocate(bytes);
       if (block.ok()) {
         b->block_[i] = *block;
         b->data_[i] = static_cast<uint8_t*>(block->data);
         continue;
       }
     }
-    b->data_[i] = static_cast<uint8_t*>(std::aligned_alloc(kIoAlign, kStreamBufferBytes));
+    b->data_[i] = static_cast<uint8_t*>(std::aligned_alloc(kIoAlign, AlignUp(bytes)));
     if (b->data_[i] == nullptr) {
-      return ResourceExhaustedError("checkpoint: no memory for a " +
-                                    std::to_string(kStreamBufferBytes >> 20) + " MiB stream buffer");
+      return ResourceExhaustedError("checkpoint: no memory for a " + std::to_string(bytes >> 20) +
+                                    " MiB stream buffer");
     }
   }
   return b;

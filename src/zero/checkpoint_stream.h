@@ -29,11 +29,11 @@ inline constexpr uint64_t kIoAlign = 4096;
 inline constexpr uint64_t kStreamBufferBytes = 4ull << 20;
 inline uint64_t AlignUp(uint64_t n) { return (n + kIoAlign - 1) / kIoAlign * kIoAlign; }
 
-// Two kStreamBufferBytes buffers, 4 KiB aligned: pinned from `arena` when it has room
-// (the I/O engine then uses them as fixed buffers), else from the heap.
+// Two buffers of `bytes` (a multiple of 4 KiB), 4 KiB aligned: pinned from `arena` when
+// it has room (the I/O engine then uses them as fixed buffers), else from the heap.
 class StreamBuffers {
  public:
-  static Result<std::unique_ptr<StreamBuffers>> Create(HostArena* arena);
+  static Result<std::unique_ptr<StreamBuffers>> Create(HostArena* arena, uint64_t bytes = kStreamBufferBytes);
   ~StreamBuffers();
   StreamBuffers(const StreamBuffers&) = delete;
   StreamBuffers& operator=(const StreamBuffers&) = delete;

@@ -8,6 +8,7 @@
 #include "strata/log.h"
 #include "strata/units.h"
 #include "zero/adam_config.h"
+#include "zero/engine_checkpoint.h"
 #include "zero/engine_impl.h"
 
 namespace strata {
@@ -139,6 +140,16 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Engine::~Engine() {
   Impl& s = *impl_;
+  if (s.pending_save) {
+    // Finishing takes every rank (a collective), which a destructor cannot count on.
+    s.save_worker.Drain();
+    if (s.rank == 0) {
+      STRATA_LOG(kWarn, "ckpt") << "the save into " << s.pending_save->dir
+                                << " was never finished (FinishCheckpoint): its files stay in "
+                                << s.pending_save->tmp
+                                << " until the next save there or KeepNewestCheckpoints";
+    }
+  }
   // Let queued work finish before the memory under it goes away.
   s.comm_worker.Drain();
   s.fetch_worker.Drain();

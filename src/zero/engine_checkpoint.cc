@@ -156,11 +156,44 @@ uint64_t RandomNonce() {
   return static_cast<uint64_t>(rd()) << 32 | rd();
 }
 
+std::shared_future<Status> Ready(Status st) {
+  std::promise<Status> p;
+  p.set_value(std::move(st));
+  return p.get_future().share();
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// This rank's files of the save, written by save_worker from a snapshot of where the
+// state is (the gate holds its blocks until they are read).
+std::shared_future<Status> StartWriting(Engine::Impl& s, const std::shared_ptr<ckpt::PendingSave>& p) {
+  if (s.rank >= (s.stage == 0 ? 1 : s.world_size)) return Ready(OkStatus());  // stage 0: rank 0 writes
+  auto io = ckpt::CheckpointIo(s, &p->own_io);
+  if (!io.ok()) return Ready(io.status());
+  auto snap = std::make_shared<ckpt::StateSnapshot>(ckpt::Snapshot(s));
+  s.save_gate.Hold(ckpt::GateKeys(*snap));
+  IoEngine* engine_io = *io;
+  HostArena* arena = s.arena;
+  zero::SaveGate* gate = &s.save_gate;
+  std::shared_future<Status> written = s.save_worker.Submit([snap, engine_io, arena, gate, p] {
+    return ckpt::WriteStateFiles(*snap, *engine_io, arena, p->tmp, *gate, &p->files);
+  });
+  // State on the device is read by the device ops, which the training thread uses too:
+  // it is written out before training goes on.
+  if (snap->on_device) written.wait();
+  return written;
+}
+
 }  // namespace
 
-Status Engine::SaveCheckpoint(const std::string& dir_arg, const CheckpointMeta& meta) {
+Status Engine::StartCheckpoint(const std::string& dir_arg, const CheckpointMeta& meta) {
   Impl& s = *impl_;
+  // Every rank makes the same calls, so the one in flight finishes everywhere here.
+  if (s.pending_save) STRATA_RETURN_IF_ERROR(FinishCheckpoint().status());
   s.window_disturbed = true;  // the save is no part of a step's time
+  const auto start = std::chrono::steady_clock::now();
   const std::string dir = ckpt::TrimDir(dir_arg);
   const std::string what = "SaveCheckpoint(" + dir + ")";
   Status local = ckpt::CheckCanCheckpoint(s, "SaveCheckpoint");
@@ -173,46 +206,69 @@ Status Engine::SaveCheckpoint(const std::string& dir_arg, const CheckpointMeta& 
     if (agreed[2 * r] != 0) local = AbortedError(what + ": rank " + std::to_string(r) + " cannot save now");
   }
   STRATA_RETURN_IF_ERROR(local);
-  const std::string tmp = ckpt::TmpDirFor(dir, agreed[1]);
-  const auto start = std::chrono::steady_clock::now();
-
-  Status st = s.rank == 0 ? ckpt::PrepareSaveDir(dir, tmp) : OkStatus();
-  st = ckpt::AgreeOnStatus(s, st, what + ": creating " + tmp);
-  std::vector<CheckpointFileInfo> files;
-  if (st.ok()) {
-    Status written;
-    if (s.rank < (s.stage == 0 ? 1 : s.world_size)) {
-      std::unique_ptr<IoEngine> own_io;
-      auto io = ckpt::CheckpointIo(s, &own_io);
-      written = io.ok() ? ckpt::WriteStateFiles(s, **io, tmp, &files) : io.status();
-    }
-    if (!written.ok() && s.world_size > 1) STRATA_LOG(kError, "ckpt") << what << ": " << written.ToString();
-    const std::vector<uint64_t> mine = FileWords(written, files, s.layout.num_chunks);
-    auto all = ckpt::ExchangeWords(s, mine);
-    st = all.ok() ? written : all.status();
-    for (int r = 0; st.ok() && r < s.world_size; ++r) {
-      if ((*all)[r * mine.size()] != 0)
-        st = AbortedError(what + ": rank " + std::to_string(r) +
-                          " failed writing its files (its log says why)");
-    }
-    if (st.ok() && s.rank == 0) {
-      ckpt::Manifest m = DescribeEngine(s, meta);
-      AddFileRecords(m, *all, mine.size());
-      st = WriteDurably(tmp + "/" + ckpt::kManifestName, ckpt::ManifestJson(m));
-      if (st.ok()) st = ckpt::CommitSaveDir(tmp, dir);
-    }
-    st = ckpt::AgreeOnStatus(s, st, what);
-  }
-  if (!st.ok()) {
-    if (s.rank == 0) ckpt::RemoveTree(tmp);
-    return st;
-  }
-  if (s.rank == 0) {
-    STRATA_LOG(kInfo, "ckpt")
-        << "saved " << dir << " (step " << s.resumed_step_calls + s.step_epoch << ") in "
-        << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s";
-  }
+  auto p = std::make_shared<ckpt::PendingSave>();
+  p->dir = dir;
+  p->tmp = ckpt::TmpDirFor(dir, agreed[1]);
+  p->what = what;
+  p->start = start;
+  Status st = s.rank == 0 ? ckpt::PrepareSaveDir(dir, p->tmp) : OkStatus();
+  STRATA_RETURN_IF_ERROR(ckpt::AgreeOnStatus(s, st, what + ": creating " + p->tmp));
+  p->manifest = DescribeEngine(s, meta);  // the scalars of the step saved
+  p->written = StartWriting(s, p);
+  p->started_s = SecondsSince(start);
+  s.pending_save = std::move(p);
   return OkStatus();
 }
+
+Result<CheckpointTimes> Engine::FinishCheckpoint() {
+  Impl& s = *impl_;
+  if (!s.pending_save) {
+    return FailedPreconditionError("engine: FinishCheckpoint without a save in progress (StartCheckpoint)");
+  }
+  if (s.in_micro_batch) {
+    return FailedPreconditionError("engine: FinishCheckpoint inside a micro-batch; call it after Step()");
+  }
+  std::shared_ptr<ckpt::PendingSave> p = std::move(s.pending_save);
+  s.pending_save.reset();
+  s.window_disturbed = true;  // the files were written during this window
+  const auto wait_start = std::chrono::steady_clock::now();
+  const Status written = p->written.get();
+  CheckpointTimes times;
+  times.started_s = p->started_s;
+  times.finish_wait_s = SecondsSince(wait_start);
+  times.optimizer_wait_s = s.save_gate.TakeWaited() * 1e-9;
+  if (!written.ok() && s.world_size > 1) STRATA_LOG(kError, "ckpt") << p->what << ": " << written.ToString();
+  const std::vector<uint64_t> mine = FileWords(written, p->files, s.layout.num_chunks);
+  auto all = ckpt::ExchangeWords(s, mine);
+  Status st = all.ok() ? written : all.status();
+  for (int r = 0; st.ok() && r < s.world_size; ++r) {
+    if ((*all)[r * mine.size()] != 0)
+      st = AbortedError(p->what + ": rank " + std::to_string(r) +
+                        " failed writing its files (its log says why)");
+  }
+  if (st.ok() && s.rank == 0) {
+    AddFileRecords(p->manifest, *all, mine.size());
+    st = WriteDurably(p->tmp + "/" + ckpt::kManifestName, ckpt::ManifestJson(p->manifest));
+    if (st.ok()) st = ckpt::CommitSaveDir(p->tmp, p->dir);
+  }
+  st = ckpt::AgreeOnStatus(s, st, p->what);
+  if (!st.ok()) {
+    if (s.rank == 0) ckpt::RemoveTree(p->tmp);
+    return st;
+  }
+  times.total_s = SecondsSince(p->start);
+  if (s.rank == 0) {
+    STRATA_LOG(kInfo, "ckpt") << "saved " << p->dir << " (step " << p->manifest.info.step_calls << ") in "
+                              << times.total_s << " s; training waited " << times.stalled_s() << " s";
+  }
+  return times;
+}
+
+Status Engine::SaveCheckpoint(const std::string& dir, const CheckpointMeta& meta) {
+  STRATA_RETURN_IF_ERROR(StartCheckpoint(dir, meta));
+  return FinishCheckpoint().status();
+}
+
+bool Engine::checkpoint_in_progress() const { return impl_->pending_save != nullptr; }
 
 }  // namespace strata

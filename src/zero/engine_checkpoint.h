@@ -4,8 +4,11 @@
 // engine_checkpoint_state.cc moves the bytes.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +18,7 @@
 #include "zero/checkpoint_reshard.h"
 #include "zero/checkpoint_stream.h"
 #include "zero/engine_impl.h"
+#include "zero/save_gate.h"
 
 namespace strata::ckpt {
 
@@ -33,10 +37,49 @@ Result<IoEngine*> CheckpointIo(Engine::Impl& s, std::unique_ptr<IoEngine>* own);
 // Bytes of one chunk's state in each state file: the rank's part, 4 KiB aligned.
 uint64_t ChunkBytes(const Engine::Impl& s);
 
-// Writes this rank's master, m and v into `tmp` (StateFileName), fsynced; their records
-// (path relative to the checkpoint, size, checksums) go to *files, in kind order.
-Status WriteStateFiles(Engine::Impl& s, IoEngine& io, const std::string& tmp,
-                       std::vector<CheckpointFileInfo>* files);
+// Where a save reads each chunk's state from, fixed when the save starts (after Flush,
+// on the training thread): the buffer in memory, or each piece's committed NVMe slot.
+// The engine may step on while a save reads it: the gate (save_gate.h) keeps the
+// optimizer off each block until it is read.
+struct StateSnapshot {
+  int rank = 0;
+  int64_t opt_elems = 0;
+  int64_t piece_elems = 0;
+  int pieces = 1;
+  uint64_t piece_bytes = 0;  // the largest piece's master | m | v, 4 KiB aligned
+  NvmeStore* store = nullptr;
+  struct Chunk {
+    const float* state = nullptr;  // master | m | v in memory, read by `ops`
+    zero::DeviceOps* ops = nullptr;
+    std::vector<SlotId> slots;  // else on NVMe: the committed slot of each piece
+    std::vector<uint8_t> live;  // ... and whether it holds anything (not all padding)
+  };
+  std::vector<Chunk> chunks;
+  bool on_device = false;  // some chunk's state is on the device tier
+  int64_t PieceElems(int p) const { return std::min<int64_t>(piece_elems, opt_elems - p * piece_elems); }
+  uint64_t PieceBytes(int p) const { return AlignUp(3 * PieceElems(p) * 4); }
+};
+StateSnapshot Snapshot(Engine::Impl& s);
+// The gate keys of the snapshot's blocks (SaveGate::MemoryKey / SlotKey).
+std::vector<uint64_t> GateKeys(const StateSnapshot& snap);
+
+// Writes the snapshot's master, m and v into `tmp` (StateFileName of its rank), fsynced;
+// their records (path relative to the checkpoint, size, checksums) go to *files, in kind
+// order. Each block is released from `gate` once read (all of them when it returns).
+// Buffers: the streams' and two NVMe pieces, from `arena` when it has room.
+Status WriteStateFiles(const StateSnapshot& snap, IoEngine& io, HostArena* arena, const std::string& tmp,
+                       zero::SaveGate& gate, std::vector<CheckpointFileInfo>* files);
+
+// A save between StartCheckpoint and FinishCheckpoint.
+struct PendingSave {
+  std::string dir, tmp, what;
+  Manifest manifest;  // all but the file records, as of the step saved
+  std::vector<CheckpointFileInfo> files;
+  std::unique_ptr<IoEngine> own_io;
+  std::shared_future<Status> written;  // this rank's files (OK at once when it has none)
+  std::chrono::steady_clock::time_point start;
+  double started_s = 0;  // the training thread's time in StartCheckpoint
+};
 
 // The three state files a rank loads from, opened and size-checked before anything of
 // the engine changes.

@@ -124,6 +124,7 @@ Status RestoreRest(Engine::Impl& s, const ckpt::Manifest& m) {
 
 Status Engine::LoadCheckpoint(const std::string& dir_arg, CheckpointMeta* meta) {
   Impl& s = *impl_;
+  if (s.pending_save) STRATA_RETURN_IF_ERROR(FinishCheckpoint().status());
   s.window_disturbed = true;
   const auto start = std::chrono::steady_clock::now();
   const std::string dir = ckpt::TrimDir(dir_arg);

@@ -26,14 +26,14 @@ namespace {
 using Writers = std::array<std::unique_ptr<FileWriter>, kStateKinds>;
 
 // A chunk's master | m | v in device or pinned host memory, kind by kind.
-Status SaveChunkFromMemory(Engine::Impl& s, int chunk, Writers& w) {
-  zero::DeviceOps& ops = s.OpsOn(s.OptTierOf(chunk));
-  const uint64_t bytes = s.opt_elems * 4;
+Status SaveChunkFromMemory(const StateSnapshot::Chunk& c, int64_t elems, Writers& w) {
+  const uint64_t bytes = elems * 4;
   for (int k = 0; k < kStateKinds; ++k) {
-    const uint8_t* src = reinterpret_cast<const uint8_t*>(s.opt[chunk].state + k * s.opt_elems);
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(c.state + k * elems);
     for (uint64_t done = 0; done < bytes;) {
       STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> room, w[k]->Space(bytes - done));
-      STRATA_RETURN_IF_ERROR(ops.ReadToHost(zero::OpsLane::kTraining, room.data(), src + done, room.size()));
+      STRATA_RETURN_IF_ERROR(
+          c.ops->ReadToHost(zero::OpsLane::kTraining, room.data(), src + done, room.size()));
       w[k]->Commit(room.size());
       done += room.size();
     }
@@ -41,60 +41,52 @@ Status SaveChunkFromMemory(Engine::Impl& s, int chunk, Writers& w) {
   return OkStatus();
 }
 
-// The NVMe tier's committed state of every chunk, piece by piece, with up to two piece
-// reads in flight (the engine's staging sets; after Flush none is busy).
+// The committed NVMe state of every chunk, piece by piece, with the next piece's read in
+// flight while one is split into the files (two buffers of the saver's own, so the
+// optimizer's staging sets stay the optimizer's while training goes on).
 class NvmeSaver {
  public:
-  NvmeSaver(Engine::Impl& s, Writers& w) : s_(s), w_(w) {}
+  NvmeSaver(const StateSnapshot& snap, Writers& w, zero::SaveGate& gate) : snap_(snap), w_(w), gate_(gate) {}
   ~NvmeSaver() {
-    for (Read& r : reads_) {
-      r.handle.Wait().IgnoreError();
-      free_.push_back(r.set);
-    }
-    for (float* set : free_) s_.opt_staging.Give(set);
+    for (Read& r : reads_) r.handle.Wait().IgnoreError();
   }
 
-  Status Run() {
-    STRATA_ASSIGN_OR_RETURN(float* first, s_.TakeOptStaging());
-    free_.push_back(first);
-    if (void* second = s_.opt_staging.TryTake()) free_.push_back(static_cast<float*>(second));
-    for (int c = 0; c < s_.layout.num_chunks; ++c) STRATA_RETURN_IF_ERROR(s_.SettleCommit(c));
-    for (int c = 0; c < s_.layout.num_chunks; ++c) {
-      for (auto& writer : w_) writer->BeginSection();
-      if (s_.Resident(c)) {
-        STRATA_RETURN_IF_ERROR(SaveChunkFromMemory(s_, c, w_));
-      } else {
-        for (int p = 0; p < s_.pieces; ++p) STRATA_RETURN_IF_ERROR(SavePiece(c, p));
-      }
-      for (int k = 0; k < kStateKinds; ++k) {
-        STRATA_ASSIGN_OR_RETURN(uint64_t sum, w_[k]->EndSection());
-        sums[k].push_back(sum);
-      }
-    }
+  Status Init(HostArena* arena) {
+    auto b = StreamBuffers::Create(arena, snap_.piece_bytes);
+    if (!b.ok()) return b.status();
+    bufs_ = std::move(*b);
+    free_ = {reinterpret_cast<float*>(bufs_->at(0)), reinterpret_cast<float*>(bufs_->at(1))};
     return OkStatus();
   }
 
-  std::array<std::vector<uint64_t>, kStateKinds> sums;
+  // The chunk's pieces into the files (the memory chunks of partial residency go as on
+  // the host tier).
+  Status SaveChunk(int c) {
+    const StateSnapshot::Chunk& chunk = snap_.chunks[c];
+    if (chunk.state != nullptr) return SaveChunkFromMemory(chunk, snap_.opt_elems, w_);
+    for (int p = 0; p < snap_.pieces; ++p) STRATA_RETURN_IF_ERROR(SavePiece(c, p));
+    return OkStatus();
+  }
 
  private:
   struct Read {
-    int key = 0;
-    float* set = nullptr;
+    float* buf = nullptr;
+    SlotId slot = 0;
     IoHandle handle;
   };
 
-  // Issues reads of the next live pieces into free sets.
+  // Issues reads of the next live NVMe pieces into free buffers.
   Status ReadAhead() {
-    const int total = s_.layout.num_chunks * s_.pieces;
+    const int total = static_cast<int>(snap_.chunks.size()) * snap_.pieces;
     while (!free_.empty() && next_ < total) {
-      const int c = next_ / s_.pieces, p = next_ % s_.pieces;
-      if (s_.PieceLive(c, p) && !s_.Resident(c)) {
-        const Engine::Impl::OptChunk& o = s_.opt[c];
-        auto rd = s_.opt_store->Read(o.slot[o.current][p], free_.back(), s_.PieceBytes(p));
+      const int c = next_ / snap_.pieces, p = next_ % snap_.pieces;
+      const StateSnapshot::Chunk& chunk = snap_.chunks[c];
+      if (chunk.state == nullptr && chunk.live[p]) {
+        auto rd = snap_.store->Read(chunk.slots[p], free_.back(), snap_.PieceBytes(p));
         if (!rd.ok())
           return rd.status().WithContext("checkpoint: reading the optimizer state of chunk " +
                                          std::to_string(c));
-        reads_.push_back({next_, free_.back(), *rd});
+        reads_.push_back({free_.back(), chunk.slots[p], *rd});
         free_.pop_back();
       }
       ++next_;
@@ -103,8 +95,8 @@ class NvmeSaver {
   }
 
   Status SavePiece(int c, int p) {
-    const uint64_t bytes = s_.PieceElems(p) * 4;
-    if (!s_.PieceLive(c, p)) {
+    const uint64_t bytes = snap_.PieceElems(p) * 4;
+    if (!snap_.chunks[c].live[p]) {
       // Wholly padding: never stepped, so zero (the engine never wrote its slot).
       for (auto& writer : w_) STRATA_RETURN_IF_ERROR(writer->AppendZeros(bytes));
       return OkStatus();
@@ -112,17 +104,20 @@ class NvmeSaver {
     STRATA_RETURN_IF_ERROR(ReadAhead());
     Read r = reads_.front();
     reads_.pop_front();
-    free_.push_back(r.set);  // back to the free list whatever happens below
+    free_.push_back(r.buf);  // back to the free list whatever happens below
     STRATA_RETURN_IF_ERROR(r.handle.Wait().WithContext("checkpoint: reading the optimizer state of chunk " +
                                                        std::to_string(c) + " piece " + std::to_string(p)));
+    gate_.Release(zero::SaveGate::SlotKey(r.slot));  // read: the optimizer may overwrite it
     for (int k = 0; k < kStateKinds; ++k) {
-      STRATA_RETURN_IF_ERROR(w_[k]->Append(r.set + k * s_.PieceElems(p), bytes));
+      STRATA_RETURN_IF_ERROR(w_[k]->Append(r.buf + k * snap_.PieceElems(p), bytes));
     }
     return OkStatus();
   }
 
-  Engine::Impl& s_;
+  const StateSnapshot& snap_;
   Writers& w_;
+  zero::SaveGate& gate_;
+  std::unique_ptr<StreamBuffers> bufs_;
   std::vector<float*> free_;
   std::deque<Read> reads_;
   int next_ = 0;  // the next piece (chunk * pieces + piece) to read
@@ -198,30 +193,71 @@ Status ReshardChunk(Engine::Impl& s, int chunk, ReshardSource& src, float* set, 
 
 uint64_t ChunkBytes(const Engine::Impl& s) { return AlignUp(s.opt_elems * 4); }
 
-Status WriteStateFiles(Engine::Impl& s, IoEngine& io, const std::string& tmp,
-                       std::vector<CheckpointFileInfo>* files) {
+StateSnapshot Snapshot(Engine::Impl& s) {
+  StateSnapshot snap;
+  snap.rank = s.rank;
+  snap.opt_elems = s.opt_elems;
+  snap.piece_elems = s.opt_tier == ZeroTier::kNvme ? s.piece_elems : s.opt_elems;
+  snap.pieces = s.opt_tier == ZeroTier::kNvme ? s.pieces : 1;
+  snap.piece_bytes = snap.PieceBytes(0);
+  snap.store = s.opt_store.get();
+  for (int c = 0; c < s.layout.num_chunks; ++c) {
+    StateSnapshot::Chunk chunk;
+    const ZeroTier tier = s.OptTierOf(c);
+    snap.on_device |= tier == ZeroTier::kDevice;
+    if (tier == ZeroTier::kNvme) {
+      const Engine::Impl::OptChunk& o = s.opt[c];  // settled: Flush ran first
+      for (int p = 0; p < s.pieces; ++p) {
+        chunk.slots.push_back(o.slot[o.current][p]);
+        chunk.live.push_back(s.PieceLive(c, p));
+      }
+    } else {
+      chunk.state = s.opt[c].state;
+      chunk.ops = &s.OpsOn(tier);
+    }
+    snap.chunks.push_back(std::move(chunk));
+  }
+  return snap;
+}
+
+std::vector<uint64_t> GateKeys(const StateSnapshot& snap) {
+  std::vector<uint64_t> keys;
+  for (const StateSnapshot::Chunk& c : snap.chunks) {
+    if (c.state != nullptr) keys.push_back(zero::SaveGate::MemoryKey(c.state));
+    for (size_t p = 0; p < c.slots.size(); ++p) {
+      if (c.live[p]) keys.push_back(zero::SaveGate::SlotKey(c.slots[p]));
+    }
+  }
+  return keys;
+}
+
+Status WriteStateFiles(const StateSnapshot& snap, IoEngine& io, HostArena* arena, const std::string& tmp,
+                       zero::SaveGate& gate, std::vector<CheckpointFileInfo>* files) {
+  struct ReleaseAll {
+    zero::SaveGate& gate;
+    ~ReleaseAll() { gate.ReleaseAll(); }  // done or failed: nothing is held any more
+  } release{gate};
   Writers w;
   for (int k = 0; k < kStateKinds; ++k) {
-    STRATA_ASSIGN_OR_RETURN(w[k], FileWriter::Create(io, s.arena, tmp + "/" + StateFileName(k, s.rank)));
+    STRATA_ASSIGN_OR_RETURN(w[k], FileWriter::Create(io, arena, tmp + "/" + StateFileName(k, snap.rank)));
   }
   std::array<std::vector<uint64_t>, kStateKinds> sums;
-  if (s.opt_tier == ZeroTier::kNvme) {
-    NvmeSaver saver(s, w);
-    STRATA_RETURN_IF_ERROR(saver.Run());
-    sums = saver.sums;
-  } else {
-    for (int c = 0; c < s.layout.num_chunks; ++c) {
-      for (auto& writer : w) writer->BeginSection();
-      STRATA_RETURN_IF_ERROR(SaveChunkFromMemory(s, c, w));
-      for (int k = 0; k < kStateKinds; ++k) {
-        STRATA_ASSIGN_OR_RETURN(uint64_t sum, w[k]->EndSection());
-        sums[k].push_back(sum);
-      }
+  NvmeSaver nvme(snap, w, gate);
+  if (snap.store != nullptr) STRATA_RETURN_IF_ERROR(nvme.Init(arena));
+  for (size_t c = 0; c < snap.chunks.size(); ++c) {
+    for (auto& writer : w) writer->BeginSection();
+    STRATA_RETURN_IF_ERROR(nvme.SaveChunk(static_cast<int>(c)));
+    // A chunk in memory is read once the stream buffers hold it.
+    if (snap.chunks[c].state != nullptr) gate.Release(zero::SaveGate::MemoryKey(snap.chunks[c].state));
+    for (int k = 0; k < kStateKinds; ++k) {
+      STRATA_ASSIGN_OR_RETURN(uint64_t sum, w[k]->EndSection());
+      sums[k].push_back(sum);
     }
   }
   for (int k = 0; k < kStateKinds; ++k) {
     STRATA_RETURN_IF_ERROR(w[k]->Finish());
-    files->push_back({StateFileName(k, s.rank), s.rank, kKindNames[k], w[k]->bytes(), w[k]->xxh3(), sums[k]});
+    files->push_back(
+        {StateFileName(k, snap.rank), snap.rank, kKindNames[k], w[k]->bytes(), w[k]->xxh3(), sums[k]});
   }
   return OkStatus();
 }

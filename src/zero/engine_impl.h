@@ -30,10 +30,14 @@
 #include "zero/device_ops.h"
 #include "zero/layout.h"
 #include "zero/overlap_tuner.h"
+#include "zero/save_gate.h"
 #include "zero/serial_worker.h"
 #include "zero/trace.h"
 
 namespace strata {
+namespace ckpt {
+struct PendingSave;  // engine_checkpoint.h
+}  // namespace ckpt
 
 // Monotonic nanoseconds, for the lanes' busy-time counters.
 inline int64_t NowNs() {
@@ -379,7 +383,15 @@ struct Engine::Impl {
   Pool grad_host;                // grad_tier nvme: pinned shards on their way to disk
   int grad_host_count = 0;
 
+  // --- checkpoints (engine_checkpoint.cc) ---
+  // The save StartCheckpoint began and FinishCheckpoint has not completed; its blocks
+  // not yet read are held in save_gate, which StepChunk and StepPieceNvme wait on
+  // before they overwrite one. save_worker writes its files.
+  std::shared_ptr<ckpt::PendingSave> pending_save;
+  zero::SaveGate save_gate;
+
   // --- threads ---
+  zero::SerialWorker save_worker{"checkpoint"};
   zero::SerialWorker comm_worker{"comm"};
   zero::SerialWorker fetch_worker{"fetch"};
   zero::SerialWorker opt_worker{"optimizer"};

@@ -308,6 +308,7 @@ Status Engine::Impl::StepPieceNvme(int chunk, int piece, float grad_scale, bool 
     // before the current one, which an earlier step not yet all on disk would need back
     // if one of its writes failed (RollBackEpoch): those writes go first.
     const SlotId slot = o.slot[1 - o.current][piece];
+    save_gate.WaitFree(zero::SaveGate::SlotKey(slot));  // a checkpoint save may still read it
     s = SettleEarlierSteps();
     if (s.ok()) s = WaitSlotWrites(nvme_writes, slot);
     // The master part alone is readable too when a gather reads it as the parameter shard.

@@ -65,6 +65,8 @@ Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, in
     st = spare_states.back();
     spare_states.pop_back();
   }
+  // A checkpoint save in flight may not have read this buffer yet (save_gate.h).
+  save_gate.WaitFree(zero::SaveGate::MemoryKey(st));
   int64_t t0 = NowNs();
   const auto span_start = std::chrono::steady_clock::now();
   if (speculative) {

@@ -140,16 +140,27 @@ struct ResumeRun {
   std::vector<std::vector<float>> masters;
 };
 
-// Run A: `saved_at` steps, save into `dir`, `more` steps.
+// Run A: `saved_at` steps, save into `dir`, `more` steps. finish_after > 0: the save is
+// started (StartCheckpoint) and finished after that many of the `more` steps.
 inline Result<ResumeRun> TrainSaveAndGoOn(const ResumeSubject& subject, const Config& config,
-                                          const std::string& dir, int saved_at, int more) {
+                                          const std::string& dir, int saved_at, int more,
+                                          int finish_after = 0, CheckpointTimes* times = nullptr) {
   STRATA_ASSIGN_OR_RETURN(EngineBox a, subject.make(config, /*other_init=*/false));
   ResumeRun run;
   std::vector<double> before;
   STRATA_RETURN_IF_ERROR(subject.train(*a.engine, config, 0, saved_at, &before));
   CheckpointMeta meta;
   meta.json = R"({"next_step": )" + std::to_string(saved_at) + R"(, "data_seed": 11})";
-  STRATA_RETURN_IF_ERROR(a.engine->SaveCheckpoint(dir, meta));
+  if (finish_after > 0) {
+    STRATA_RETURN_IF_ERROR(a.engine->StartCheckpoint(dir, meta));
+    STRATA_RETURN_IF_ERROR(subject.train(*a.engine, config, saved_at, finish_after, &run.losses));
+    STRATA_ASSIGN_OR_RETURN(CheckpointTimes t, a.engine->FinishCheckpoint());
+    if (times != nullptr) *times = t;
+    saved_at += finish_after;
+    more -= finish_after;
+  } else {
+    STRATA_RETURN_IF_ERROR(a.engine->SaveCheckpoint(dir, meta));
+  }
   STRATA_RETURN_IF_ERROR(subject.train(*a.engine, config, saved_at, more, &run.losses));
   STRATA_RETURN_IF_ERROR(a.engine->Flush());
   STRATA_ASSIGN_OR_RETURN(run.masters, Masters(*a.engine, subject.tensors));
