@@ -6,12 +6,15 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/cli_runner.h"
@@ -218,6 +221,48 @@ TEST_F(GptTrainCli, ASaveKillAndResumeContinuesBitForBit) {
   r = RunStrata(Tiny({"--resume", ck, "--seq", "8", "--block-size", "16"}, 8));
   EXPECT_EQ(r.exit_status, 1);
   EXPECT_THAT(r.err, HasSubstr("saved by a run with seq 16, this run has 8"));
+}
+
+// Killed (SIGKILL) at seeded random moments of a run that saves after every step (its
+// files are written during the next step, so most kills land inside a save: 5 and 8 of
+// the 8 in two runs here): each time,
+// the newest complete checkpoint verifies, and the next run resumes from it.
+TEST_F(GptTrainCli, KilledAtRandomPointsOfItsSavesItAlwaysResumes) {
+  const std::string ck = (dir_ / "ck").string();
+  const std::vector<std::string> run = Tiny({"--save", ck, "--save-every", "1", "--keep", "2", "--resume",
+                                             "auto", "--eval-every", "0", "--lr", "0.01"},
+                                            100000);
+  std::mt19937 rng(20261204);
+  int inside_a_save = 0, resumed = 0;
+  for (int round = 0; round < 8; ++round) {
+    const int delay_ms = std::uniform_int_distribution<int>(20, 400)(rng);
+    SCOPED_TRACE("round " + std::to_string(round) + ", killed " + std::to_string(delay_ms) + " ms in");
+    std::thread killer;
+    // Counted from the run's first finished save, so there is always one to resume.
+    CliRun r = testing::RunProgram(STRATA_BINARY, run, " saved in ", [&](pid_t pid) {
+      killer = std::thread([pid, delay_ms] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+        ::kill(pid, SIGKILL);
+      });
+    });
+    if (killer.joinable()) killer.join();
+    ASSERT_EQ(r.exit_status, 128 + SIGKILL) << r.out << r.err;
+    if (r.out.find("resumed from") != std::string::npos) ++resumed;
+    std::string newest;
+    for (const auto& entry : fs::directory_iterator(ck)) {
+      const std::string name = entry.path().filename().string();
+      if (name.find(".tmp-") != std::string::npos) {
+        ++inside_a_save;
+      } else if (name > fs::path(newest).filename().string()) {
+        newest = entry.path().string();
+      }
+    }
+    ASSERT_FALSE(newest.empty()) << "no complete checkpoint after " << delay_ms << " ms";
+    CliRun v = RunStrata({"ckpt", "verify", newest});
+    EXPECT_EQ(v.exit_status, 0) << v.out << v.err;
+  }
+  EXPECT_EQ(resumed, 7) << "every run after the first resumes";
+  EXPECT_GT(inside_a_save, 0) << "no kill landed inside a save";
 }
 
 // Saved by two ranks under mpirun, resumed by one with the same global batch: the load
