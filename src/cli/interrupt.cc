@@ -10,6 +10,10 @@
 namespace strata::cli {
 namespace {
 
+// No swap file of this process was found: its state was all in memory (the host budget
+// held it), or the engine had not made its stores yet.
+constexpr char kNoSwapFiles[] = "it had no swap files (its state was in memory, or not made yet)";
+
 sigset_t StopSignals() {
   sigset_t set;
   sigemptyset(&set);
@@ -112,7 +116,7 @@ std::vector<SwapFileInfo> InterruptGuard::TakeOwnFiles(bool remove) {
 
 std::string InterruptGuard::Removed() const {
   std::lock_guard lock(mu_);
-  return removed_.empty() ? std::string("it had no swap files")
+  return removed_.empty() ? std::string(kNoSwapFiles)
                           : "removed its swap files (" + DescribeSwapFiles(removed_) + ")";
 }
 
@@ -147,7 +151,7 @@ void InterruptGuard::EndNow(int sig, const char* why) {
   std::string what;
   if (options_.keep_swap) {
     std::vector<SwapFileInfo> files = TakeOwnFiles(/*remove=*/false);
-    what = files.empty() ? std::string("; it had no swap files")
+    what = files.empty() ? std::string("; ") + kNoSwapFiles
                          : "; kept its swap files for inspection (" + DescribeSwapFiles(files) +
                                "); delete them with: rm -f";
     for (const SwapFileInfo& f : files) what += " " + f.swap_path + " " + f.lock_path;
