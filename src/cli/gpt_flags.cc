@@ -32,18 +32,6 @@ void AddGptFlags(CLI::App* cmd, GptFlags* g) {
       cmd->add_option("--temperature", g->run.temperature, "sampling temperature")->capture_default_str(),
       cmd->add_option("--prompt", g->run.prompt, "text the sample continues (default: a newline)"),
       cmd->add_option("--log", g->run.log_path, "JSON-lines log: one line per step and per validation"),
-      cmd->add_option("--save", g->run.save_dir,
-                      "checkpoint directory: DIR/step-NNNNNNNNN after every --save-every steps and the last"),
-      cmd->add_option("--save-every", g->run.save_every,
-                      "steps between checkpoints (0: only after the last step)")
-          ->capture_default_str(),
-      cmd->add_option("--keep", g->run.keep,
-                      "checkpoints kept under --save (older ones removed once a new one is complete)")
-          ->capture_default_str(),
-      cmd->add_option(
-          "--resume", g->run.resume,
-          "continue from a checkpoint: its directory, a --save directory (its newest), or \"auto\" (the "
-          "newest under --save, none: a fresh start); --steps counts the whole run's steps"),
       cmd->add_option(
           "--init-from", g->run.init_from,
           "start from the weights of a safetensors file (strata ckpt export, or written elsewhere): "
@@ -73,18 +61,6 @@ Status CheckGptFlags(const GptFlags& g) {
   if (g.run.sample < 0)
     return InvalidArgumentError("--sample " + std::to_string(g.run.sample) + ": must be at least 0");
   if (!(g.run.temperature > 0)) return InvalidArgumentError("--temperature must be above 0");
-  if (g.run.save_every < 0 || g.run.keep < 1) {
-    return InvalidArgumentError("--save-every must be at least 0 and --keep at least 1");
-  }
-  if (g.run.save_dir.empty() && (g.run.save_every > 0 || g.run.resume == "auto")) {
-    return InvalidArgumentError(std::string(g.run.save_every > 0 ? "--save-every" : "--resume auto") +
-                                " needs --save DIR: the directory the checkpoints go to");
-  }
-  if (!g.run.init_from.empty() && !g.run.resume.empty() && g.run.resume != "auto") {
-    return InvalidArgumentError("--init-from and --resume " + g.run.resume +
-                                ": a resume restores the checkpoint's weights and optimizer state; give one "
-                                "(--resume auto starts from --init-from when there is no checkpoint yet)");
-  }
   return OkStatus();
 }
 

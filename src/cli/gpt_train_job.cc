@@ -8,7 +8,6 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "cli/gpt_checkpoints.h"
 #include "strata/checkpoint.h"
 #include "strata/lr_schedule.h"
 #include "strata/token_data.h"
@@ -80,6 +79,22 @@ std::string Printable(const std::vector<int32_t>& ids) {
   return s;
 }
 
+// What a resumed run must share with the saved one to continue it bit for bit.
+nlohmann::json RunIdentity(const GptTrainJob& job, const model::TokenFile& train) {
+  const model::GptSpec& m = job.model;
+  return {{"model",
+           {{"vocab_size", m.vocab_size},
+            {"block_size", m.block_size},
+            {"n_layer", m.n_layer},
+            {"n_head", m.n_head},
+            {"n_embd", m.n_embd},
+            {"tied_head", m.tied_head},
+            {"seed", m.seed}}},
+          {"seq", job.seq},
+          {"data_seed", job.data_seed},
+          {"train_tokens", train.size()}};
+}
+
 struct Loop {
   const GptTrainJob& job;
   Communicator& world;
@@ -88,9 +103,9 @@ struct Loop {
   const model::TokenFile& train;
   JsonLog& log;
   bool print;  // rank 0 in text mode
+  RunSaver& saver;
   nlohmann::json steps = nlohmann::json::array();
   nlohmann::json evals = nlohmann::json::array();
-  int saving = -1;  // the steps done of the save in progress; -1: none
 
   Status Evaluate(int step) {
     STRATA_ASSIGN_OR_RETURN(const double loss, trainer.Evaluate());
@@ -98,31 +113,6 @@ struct Loop {
     evals.push_back(line);
     if (world.rank() == 0) log.Write(line);
     if (print) std::printf("validation loss %.6f after %d steps\n", loss, step), std::fflush(stdout);
-    return OkStatus();
-  }
-
-  // A save after `done` steps when one is due (every --save-every steps and after the
-  // last): started here, written while the next step runs, finished after it.
-  Status MaybeStartSave(int done, int64_t applied) {
-    const bool due = done == job.steps || (job.run.save_every > 0 && done % job.run.save_every == 0);
-    if (job.run.save_dir.empty() || !due) return OkStatus();
-    STRATA_RETURN_IF_ERROR(StartSave(engine, job, train, done, applied));
-    saving = done;
-    return OkStatus();
-  }
-
-  Status FinishPendingSave() {
-    if (saving < 0) return OkStatus();
-    const int done = saving;
-    saving = -1;
-    STRATA_ASSIGN_OR_RETURN(const CheckpointTimes t, FinishSave(engine, job, world.rank()));
-    const std::string path = CheckpointPath(job.run.save_dir, done);
-    if (world.rank() == 0)
-      log.Write({{"step", done}, {"checkpoint", path}, {"save_s", t.total_s}, {"stall_s", t.stalled_s()}});
-    if (print) {
-      std::printf("checkpoint %s saved in %s, written behind training (training waited %s)\n", path.c_str(),
-                  FormatSeconds(t.total_s).c_str(), FormatSeconds(t.stalled_s()).c_str());
-    }
     return OkStatus();
   }
 
@@ -154,10 +144,9 @@ struct Loop {
       const bool last = step + 1 == job.steps;
       if (last || (job.run.eval_every > 0 && (step + 1) % job.run.eval_every == 0))
         STRATA_RETURN_IF_ERROR(Evaluate(step + 1));
-      STRATA_RETURN_IF_ERROR(FinishPendingSave());  // the one started a step ago
-      STRATA_RETURN_IF_ERROR(MaybeStartSave(step + 1, applied));
+      STRATA_RETURN_IF_ERROR(saver.AfterStep(step + 1, applied));
     }
-    return FinishPendingSave();
+    return saver.Finish();
   }
 
   Status Sample() {
@@ -215,19 +204,18 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
   ThrowIfError(trainer.Check());
   const EngineLayoutInfo layout = setup->engine->layout_info();
   if (rank0 && !job.json) PrintSummary(job, layout, train, val, world.size());
-  auto from = Resume(*setup->engine, job, train);
+  const nlohmann::json identity = RunIdentity(job, train);
+  auto from = Resume(*setup->engine, job.run, identity);
   if (!from.ok()) return EndFailedRun(from.status(), guard);
-  if (rank0 && !job.json && !from->dir.empty()) {
-    std::printf("resumed from %s after %lld steps", from->dir.c_str(),
-                static_cast<long long>(from->next_step));
-    if (from->saved_world != world.size() || from->saved_stage != job.config.zero.stage) {
-      std::printf(" (saved by %d rank%s at stage %d, loaded by %d at stage %d)", from->saved_world,
-                  from->saved_world == 1 ? "" : "s", from->saved_stage, world.size(), job.config.zero.stage);
-    }
-    std::printf("\n");
-  }
+  if (rank0 && !job.json && !from->dir.empty())
+    std::printf("%s\n", ResumeLine(*from, world.size(), job.config.zero.stage).c_str());
   JsonLog log(rank0 ? job.run.log_path : std::string(), /*append=*/!from->dir.empty());
-  Loop loop{job, world, *setup->engine, trainer, train, log, rank0 && !job.json};
+  const bool print = rank0 && !job.json;
+  RunSaver saver(*setup->engine, job.run, identity, job.steps, world.rank(), [&](const nlohmann::json& line) {
+    if (rank0) log.Write(line);
+    if (print) std::printf("%s\n", SaveLine(line).c_str());
+  });
+  Loop loop{job, world, *setup->engine, trainer, train, log, print, saver};
   Status status = loop.Train(*from);
   if (status.ok()) status = loop.Sample();
   if (!status.ok()) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli/interrupt.h"
+#include "cli/run_checkpoints.h"
 #include "cli/run_setup.h"
 #include "strata/comm.h"
 #include "strata/config.h"
@@ -17,17 +18,13 @@ namespace strata::cli {
 
 // What the loop does besides training: validation, the sample, the log, checkpoints. The
 // defaults are `strata train`'s, sized for a few minutes on two cores.
-struct GptRunSettings {
+struct GptRunSettings : SaveSettings {
   int eval_every = 50;       // 0: only before the first and after the last step
   int64_t eval_batches = 4;  // micro-batches per rank per evaluation
   int64_t sample = 200;      // tokens sampled at the end; 0: none
   double temperature = 0.8;
-  std::string prompt;    // bytes; the sample starts after it (empty: a newline)
-  std::string log_path;  // JSON lines; empty: none
-  std::string save_dir;  // checkpoints; empty: none
-  int save_every = 0;    // 0: after the last step only
-  int keep = 2;
-  std::string resume;     // a checkpoint, a --save directory, or "auto"; empty: fresh start
+  std::string prompt;     // bytes; the sample starts after it (empty: a newline)
+  std::string log_path;   // JSON lines; empty: none
   std::string init_from;  // a safetensors file of initial weights; empty: the model's init
 };
 

@@ -37,6 +37,7 @@ GptTrainJob PrepareGpt(const TrainFlags& f, Prepared* p) {
   GptTrainJob job;
   const GptFlags& g = f.gpt;
   ThrowIfError(CheckModelFlags(f));  // before the flags make a model
+  ThrowIfError(CheckSaveSettings(f.save, g.run.init_from));
   auto paths = FindOrPrepareData(g);
   ThrowIfError(paths.status());
   auto train = model::TokenFile::Open(paths->train);
@@ -53,6 +54,7 @@ GptTrainJob PrepareGpt(const TrainFlags& f, Prepared* p) {
   job.data_seed = p->config.seed + 1;
   job.steps = f.steps;
   job.run = g.run;
+  static_cast<SaveSettings&>(job.run) = f.save;
   job.json = f.json;
   if (paths->prepared && p->world->rank() == 0) {
     std::fprintf(stderr, "strata: tokenised the default corpus (%s) into %s and %s\n",
@@ -90,6 +92,7 @@ void RunTrain(const TrainFlags& f) {
     return;
   }
   TrainJob job;
+  ThrowIfError(CheckSaveSettings(f.save));  // before MPI starts
   Prepared p = Prepare(f, &job.origin);
   if (p.config.strata.plan == "auto") {
     auto model = tools::MlpPlanModel(p.model);
@@ -101,8 +104,23 @@ void RunTrain(const TrainFlags& f) {
   job.model = p.model;
   job.data_seed = p.config.seed + 1;
   job.json = f.json;
+  job.save = f.save;
   if (p.world->rank() == 0) NoteMissingSwapDirs(job.config);
   Finish(RunTrainJob(*p.world, job, guard), p);
+}
+
+void AddSaveFlags(CLI::App* cmd, SaveSettings* s) {
+  cmd->add_option("--save", s->save_dir,
+                  "checkpoint directory: DIR/step-NNNNNNNNN after every --save-every steps and the last");
+  cmd->add_option("--save-every", s->save_every, "steps between checkpoints (0: only after the last step)")
+      ->capture_default_str();
+  cmd->add_option("--keep", s->keep,
+                  "checkpoints kept under --save (older ones removed once a new one is complete)")
+      ->capture_default_str();
+  cmd->add_option(
+      "--resume", s->resume,
+      "continue from a checkpoint: its directory, a --save directory (its newest), or \"auto\" (the "
+      "newest under --save, none: a fresh start); --steps counts the whole run's steps");
 }
 
 }  // namespace
@@ -115,6 +133,7 @@ void AddTrainCommand(CLI::App& app) {
   AddFlags(cmd, f, 600);
   f->mlp_steps = 10;
   AddGptFlags(cmd, &f->gpt);
+  AddSaveFlags(cmd, &f->save);
   cmd->add_option("--model", f->model, "gpt: a GPT on token files; mlp: the reference MLP on synthetic data")
       ->check(CLI::IsMember({"gpt", "mlp"}))
       ->capture_default_str();

@@ -12,6 +12,7 @@
 
 #include "cli/cli_fwd.h"
 #include "cli/gpt_flags.h"
+#include "cli/run_checkpoints.h"
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/model.h"
@@ -24,6 +25,7 @@ inline constexpr int kDefaultGptMicroBatch = 8;  // GPT sequences
 struct TrainFlags {
   std::string model = "mlp";  // `strata train` makes gpt the default
   GptFlags gpt;
+  SaveSettings save;  // strata train (either model): --save, --save-every, --keep, --resume
   std::vector<CLI::Option*> mlp_options;  // --params, --depth
   CLI::Option* steps_option = nullptr;
   int mlp_steps = 0;  // --model mlp without --steps

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/interrupt.h"
+#include "cli/run_checkpoints.h"
 #include "cli/run_setup.h"
 #include "strata/comm.h"
 #include "strata/config.h"
@@ -20,6 +21,7 @@ struct TrainJob {
   uint64_t data_seed = 0;
   int steps = 0;
   bool json = false;  // the report as JSON at the end instead of text lines
+  SaveSettings save;  // checkpoints (run_checkpoints.h)
   // Where a setting came from, for the start-up summary: config key path ->
   // "--flag", "the config file" or a default's description. Absent: not mentioned.
   Origins origin;

@@ -42,8 +42,8 @@ Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Conf
   model::Batch batch;
   TrainLog log;
   const int accum = config.gradient_accumulation_steps;
-  int64_t applied = 0;  // the schedule advances on applied steps only, as DeepSpeed's
-  for (int step = 0; step < spec.steps; ++step) {
+  int64_t applied = spec.first_applied;  // the schedule advances on applied steps only, as DeepSpeed's
+  for (int step = spec.first_step; step < spec.steps; ++step) {
     double loss = 0;
     const double lr = LearningRateAt(config.scheduler, applied, config.optimizer.lr);
     STRATA_RETURN_IF_ERROR(engine.SetLearningRate(lr));
@@ -80,6 +80,7 @@ Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Conf
     log.clip_coefs.push_back(r.clip_coef);
     log.results.push_back(r);
     if (on_step) on_step(log);
+    if (spec.after_step) STRATA_RETURN_IF_ERROR(spec.after_step(step + 1, applied));
   }
   return log;
 }

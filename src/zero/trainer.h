@@ -29,6 +29,14 @@ struct TrainSpec {
   // Called on the training thread before each micro-batch and around each module's
   // hooks; a non-OK Status stops the run and is returned (an interrupt). Empty: never.
   std::function<Status()> check_stop;
+  // A resumed run: the step it starts from (its data and index) and the optimizer steps
+  // applied before it (the learning-rate schedule's count).
+  int first_step = 0;
+  int64_t first_applied = 0;
+  // Called on every rank after each step's Step() and loss: `done` steps of the run
+  // taken, `applied` of them applied. Collectives (a checkpoint) may be issued there; a
+  // non-OK Status stops the run and is returned. Empty: nothing.
+  std::function<Status(int done, int64_t applied)> after_step;
 };
 
 // Wall time of one step on the training thread.
@@ -54,7 +62,8 @@ struct TrainLog {
 // bits (collective over `world`; `value` itself at world size 1).
 Result<double> SumInRankOrder(Communicator& world, double value);
 
-// Runs spec.steps steps of the engine at the learning rates of config.scheduler. Every
+// Runs steps [spec.first_step, spec.steps) of the engine at the learning rates of
+// config.scheduler (the log holds those steps only). Every
 // rank calls it; the loss is reduced over `world` (host collectives, issued after each
 // Step).
 // `on_step`, when given, is called on every rank after each step, once its global
