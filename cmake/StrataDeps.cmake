@@ -14,3 +14,5 @@ endif()
 if(STRATA_BUILD_BENCH)
   find_package(benchmark REQUIRED)
 endif()
+# GPT-2's pre-tokenisation pattern needs Unicode properties (\p{L}, \p{N}): PCRE2.
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)

@@ -13,6 +13,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libdnnl-dev  # oneDNN: the CPU matrix products (STRATA_BLAS=onednn, cmake/StrataBlas.cmake)
   nlohmann-json3-dev libcli11-dev libxxhash-dev
+  libpcre2-dev  # PCRE2: GPT-2's BPE pre-tokenisation pattern (src/model/bpe.cc)
   fio python3
   python3-dev python3-venv python3-torch python3-matplotlib
   fortunes fortunes-min  # the default text corpus of `strata data prepare`

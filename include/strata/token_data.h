@@ -1,5 +1,6 @@
 // Token data for language-model training: a token file format, the tool that writes it
-// from text (byte-level tokens), a memory-mapped reader, and deterministic batches.
+// from text (byte-level tokens, or GPT-2's BPE), a memory-mapped reader, and
+// deterministic batches.
 //
 // Token file format (version 1, little-endian):
 //   offset  size  field
@@ -15,8 +16,12 @@
 //
 // Contract:
 //  - PrepareTokens tokenises text byte by byte (vocab 256: token = byte value, no
-//    vocabulary files), concatenates the inputs in the order given, and writes
+//    vocabulary files) or, given a BpeTokenizer (strata/bpe.h), each input file with it;
+//    concatenates the inputs' tokens in the order given, and writes
 //    <out_dir>/train.tokens (the stream's head) and <out_dir>/val.tokens (its tail).
+//    With BPE, it copies vocab.json and merges.txt to <out_dir>/tokenizer/, where
+//    training finds them to encode its prompt and decode its samples; byte-level
+//    preparation removes that directory's two files, so it never describes other tokens.
 //    Each file appears whole or not at all (temporary name, fsync, rename).
 //  - TokenFile::Open maps a file read-only and validates all of it once: header, size and
 //    every token id against the vocabulary. After a successful Open the accessors cannot
@@ -35,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/bpe.h"
 #include "strata/model.h"
 #include "strata/status.h"
 
@@ -49,6 +55,8 @@ inline constexpr int64_t kByteVocab = 256;
 inline constexpr int64_t kMinValidationTokens = 1025;
 // Where Debian's fortunes and fortunes-min packages install their text.
 inline constexpr char kDefaultCorpusDir[] = "/usr/share/games/fortunes";
+// The subdirectory of a data directory that holds its BPE tokenizer's two files.
+inline constexpr char kTokenizerDir[] = "tokenizer";
 
 struct TokenFileHeader {
   uint32_t version = kTokenFileVersion;
@@ -69,20 +77,29 @@ struct PreparedSplit {
 struct PrepareReport {
   std::vector<std::string> inputs;
   int64_t input_bytes = 0;
+  int64_t vocab = kByteVocab;
   PreparedSplit train, val;
 };
 
-// Tokenises `files` (byte-level) into <out_dir>/train.tokens and <out_dir>/val.tokens.
-// The validation split is the last max(ceil(validation_fraction * n), min_validation_tokens)
-// tokens of the n-token stream; the training split must keep at least as many.
-// Creates out_dir if needed. Inputs are read whole into memory (corpora of a few MB).
+// Tokenises `files` (byte-level, or with `bpe` when given) into <out_dir>/train.tokens
+// and <out_dir>/val.tokens. The validation split is the last
+// max(ceil(validation_fraction * n), min_validation_tokens) tokens of the n-token stream;
+// the training split must keep at least as many. Creates out_dir if needed. Inputs are
+// read whole into memory, and their tokens kept there (4 bytes a token).
 // Errors, each naming the file or directory: InvalidArgument for no inputs, a fraction
-// outside [0, 1), an empty input or one too short to split; NotFound for a missing input;
-// IoError/Unavailable (errno text) for an unreadable input or an out_dir that cannot be
-// created or written. On error, no output file is replaced and no temporary is left.
+// outside [0, 1), an empty input, one too short to split, or (BPE) text that is not
+// UTF-8, with its byte offset; NotFound for a missing input; IoError/Unavailable (errno
+// text) for an unreadable input or an out_dir that cannot be created or written. On
+// error, no output file is replaced and no temporary is left.
 Result<PrepareReport> PrepareTokens(const std::vector<std::string>& files, const std::string& out_dir,
                                     double validation_fraction = 0.05,
-                                    int64_t min_validation_tokens = kMinValidationTokens);
+                                    int64_t min_validation_tokens = kMinValidationTokens,
+                                    BpeTokenizer* bpe = nullptr);
+
+// The BPE tokenizer kept beside `token_file` (its directory's kTokenizerDir), or nullopt
+// for byte-level tokens. InvalidArgument, naming both, when the tokenizer's vocabulary
+// is not the token file's `vocab`; the errors of LoadBpeIn.
+Result<std::optional<BpeTokenizer>> LoadDataTokenizer(const std::string& token_file, int64_t vocab);
 
 // The default corpus: the plain-text files of `dir` (not *.dat or *.u8 index files, not
 // links or directories), sorted by name. NotFound, telling to run scripts/setup.sh, when

@@ -73,10 +73,27 @@ void PrintSummary(const GptTrainJob& job, const EngineLayoutInfo& l, const model
                      "sequences of " + std::to_string(job.seq) + " tokens");
 }
 
-std::string Printable(const std::vector<int32_t>& ids) {
+// The text of `ids`: their BPE bytes, or the bytes they are (byte-level tokens).
+Result<std::string> Printable(const std::vector<int32_t>& ids,
+                              const std::optional<model::BpeTokenizer>& bpe) {
+  if (bpe) return bpe->Decode(ids);
   std::string s;
   for (int32_t id : ids) s.push_back(id < 256 ? static_cast<char>(id) : '?');
   return s;
+}
+
+// The prompt's tokens: BPE, or its bytes.
+Result<std::vector<int32_t>> PromptTokens(const std::string& prompt,
+                                          std::optional<model::BpeTokenizer>& bpe) {
+  const std::string text = prompt.empty() ? "\n" : prompt;
+  if (bpe) {
+    Result<std::vector<int32_t>> ids = bpe->Encode(text);
+    if (!ids.ok()) return ids.status().WithContext("--prompt");
+    return ids;
+  }
+  std::vector<int32_t> ids;
+  for (unsigned char c : text) ids.push_back(c);
+  return ids;
 }
 
 // What a resumed run must share with the saved one to continue it bit for bit.
@@ -104,6 +121,7 @@ struct Loop {
   JsonLog& log;
   bool print;  // rank 0 in text mode
   RunSaver& saver;
+  std::optional<model::BpeTokenizer>& bpe;  // the data's tokenizer; byte-level when empty
   nlohmann::json steps = nlohmann::json::array();
   nlohmann::json evals = nlohmann::json::array();
 
@@ -151,16 +169,14 @@ struct Loop {
 
   Status Sample() {
     if (job.run.sample <= 0) return OkStatus();
-    std::vector<int32_t> prompt;
-    for (unsigned char c : job.run.prompt) prompt.push_back(c);
-    if (prompt.empty()) prompt.push_back('\n');
+    STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptTokens(job.run.prompt, bpe));
     STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> text,
                             trainer.Sample(prompt, job.run.sample, job.data_seed + 101, job.run.temperature));
+    STRATA_ASSIGN_OR_RETURN(const std::string sample, Printable(text, bpe));
     if (print)
       std::printf("sample (temperature %g):\n%s%s\n", job.run.temperature, job.run.prompt.c_str(),
-                  Printable(text).c_str());
-    if (world.rank() == 0)
-      log.Write({{"step", job.steps}, {"sample", Printable(text)}, {"sample_tokens", text}});
+                  sample.c_str());
+    if (world.rank() == 0) log.Write({{"step", job.steps}, {"sample", sample}, {"sample_tokens", text}});
     return OkStatus();
   }
 };
@@ -173,6 +189,8 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
   const uint64_t base_rss = tools::CurrentRssBytes();  // before the engine and the model
   const model::TokenFile train = OpenTokens(job.train_path, "training");
   const model::TokenFile val = OpenTokens(job.val_path, "validation");
+  Result<std::optional<model::BpeTokenizer>> bpe = model::LoadDataTokenizer(job.train_path, train.vocab());
+  if (!bpe.ok()) return EndFailedRun(bpe.status(), guard);
   // A log that cannot be written is refused before the engine's set-up, which takes
   // minutes for a large model (opened for append: a resumed run's log must survive).
   if (rank0 && !job.run.log_path.empty()) JsonLog(job.run.log_path, /*append=*/true);
@@ -215,7 +233,7 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
     if (rank0) log.Write(line);
     if (print) std::printf("%s\n", SaveLine(line).c_str());
   });
-  Loop loop{job, world, *setup->engine, trainer, train, log, print, saver};
+  Loop loop{job, world, *setup->engine, trainer, train, log, print, saver, *bpe};
   Status status = loop.Train(*from);
   if (status.ok()) status = loop.Sample();
   if (!status.ok()) {

@@ -1,5 +1,5 @@
-// Token files: byte-level preparation (atomic writes), a validating mmap reader and
-// deterministic batches.
+// Token files: the header, a validating mmap reader and deterministic batches (their
+// preparation from text is token_prepare.cc).
 #include "strata/token_data.h"
 
 #include <fcntl.h>
@@ -47,63 +47,6 @@ T Load(const uint8_t* p) {
   T v;
   std::memcpy(&v, p, sizeof(T));
   return v;
-}
-
-Result<std::string> ReadInput(const std::string& path) {
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);
-  if (!fs::exists(st)) return NotFoundError("input file \"" + path + "\" does not exist");
-  if (fs::is_directory(st))
-    return InvalidArgumentError("input \"" + path + "\" is a directory, not a text file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return ErrnoError(errno, "input file \"" + path + "\" cannot be opened");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return IoError("input file \"" + path + "\": read failed");
-  if (bytes.empty()) return InvalidArgumentError("input file \"" + path + "\" is empty");
-  return bytes;
-}
-
-Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return ErrnoError(errno, "writing \"" + path + "\"");
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return OkStatus();
-}
-
-// Writes the byte tokens of `text` to `final_path` through a temporary name in the same
-// directory, so a reader never sees a half-written file under the final name.
-Status WriteTokenFile(const std::string& final_path, std::string_view text) {
-  const std::string tmp = final_path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError(errno, "creating \"" + tmp + "\" in the output directory");
-  TokenFileHeader header;
-  header.count = text.size();
-  const std::string head = EncodeTokenHeader(header);
-  std::vector<uint16_t> tokens(text.size());
-  for (size_t i = 0; i < text.size(); ++i) tokens[i] = static_cast<uint8_t>(text[i]);
-  Status s = WriteAll(fd, head.data(), head.size(), tmp);
-  if (s.ok()) s = WriteAll(fd, tokens.data(), tokens.size() * sizeof(uint16_t), tmp);
-  if (s.ok() && ::fsync(fd) != 0) s = ErrnoError(errno, "fsync \"" + tmp + "\"");
-  if (::close(fd) != 0 && s.ok()) s = ErrnoError(errno, "closing \"" + tmp + "\"");
-  if (s.ok() && ::rename(tmp.c_str(), final_path.c_str()) != 0)
-    s = ErrnoError(errno, "renaming \"" + tmp + "\" to \"" + final_path + "\"");
-  if (!s.ok()) ::unlink(tmp.c_str());
-  return s;
-}
-
-// Makes the renames durable: without it a crash can lose the directory entries.
-Status SyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, "opening output directory \"" + dir + "\"");
-  Status s;
-  if (::fsync(fd) != 0) s = ErrnoError(errno, "fsync output directory \"" + dir + "\"");
-  ::close(fd);
-  return s;
 }
 
 std::string Hex(const uint8_t* p, size_t n) {
@@ -168,60 +111,6 @@ std::string EncodeTokenHeader(const TokenFileHeader& header) {
   const uint64_t checksum = Fnv1a64(b, kChecksumOffset);
   std::memcpy(b + kChecksumOffset, &checksum, 8);
   return std::string(reinterpret_cast<const char*>(b), sizeof(b));
-}
-
-Result<PrepareReport> PrepareTokens(const std::vector<std::string>& files, const std::string& out_dir,
-                                    double validation_fraction, int64_t min_validation_tokens) {
-  if (files.empty()) return InvalidArgumentError("no input files to tokenise");
-  if (!(validation_fraction >= 0.0 && validation_fraction < 1.0))
-    return InvalidArgumentError("validation fraction " + std::to_string(validation_fraction) +
-                                " is outside [0, 1)");
-  if (min_validation_tokens < 1)
-    return InvalidArgumentError("the minimum validation split must be >= 1 token");
-  PrepareReport report;
-  std::string stream;
-  for (const std::string& f : files) {
-    STRATA_ASSIGN_OR_RETURN(std::string bytes, ReadInput(f));
-    stream += bytes;
-    report.inputs.push_back(f);
-  }
-  const int64_t n = static_cast<int64_t>(stream.size());
-  report.input_bytes = n;
-  const int64_t val = std::max(static_cast<int64_t>(std::ceil(validation_fraction * static_cast<double>(n))),
-                               min_validation_tokens);
-  if (n - val < min_validation_tokens)
-    return InvalidArgumentError((files.size() == 1 ? "input file \"" + files[0] + "\" holds "
-                                                   : std::to_string(files.size()) + " input files hold ") +
-                                std::to_string(n) + " bytes; a validation split of " + std::to_string(val) +
-                                " tokens needs at least " + std::to_string(val + min_validation_tokens) +
-                                " (add text)");
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) return UnavailableError("output directory \"" + out_dir + "\" cannot be created: " + ec.message());
-  report.train = {(fs::path(out_dir) / "train.tokens").string(), n - val};
-  report.val = {(fs::path(out_dir) / "val.tokens").string(), val};
-  const std::string_view all(stream);
-  STRATA_RETURN_IF_ERROR(WriteTokenFile(report.train.path, all.substr(0, n - val)));
-  STRATA_RETURN_IF_ERROR(WriteTokenFile(report.val.path, all.substr(n - val)));
-  STRATA_RETURN_IF_ERROR(SyncDirectory(out_dir));
-  return report;
-}
-
-Result<std::vector<std::string>> DefaultCorpusFiles(const std::string& dir) {
-  const std::string hint = "; run scripts/setup.sh (it installs Debian's fortunes package)";
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec))
-    return NotFoundError("corpus directory \"" + dir + "\" does not exist" + hint);
-  std::vector<std::string> files;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    const std::string ext = e.path().extension().string();
-    if (ext == ".dat" || ext == ".u8" || e.is_symlink() || !e.is_regular_file()) continue;
-    files.push_back(e.path().string());
-  }
-  if (ec) return ErrnoError(ec.value(), "listing corpus directory \"" + dir + "\"");
-  if (files.empty()) return NotFoundError("corpus directory \"" + dir + "\" holds no text files" + hint);
-  std::sort(files.begin(), files.end());
-  return files;
 }
 
 Result<TokenFile> TokenFile::Open(const std::string& path) {

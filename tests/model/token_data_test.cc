@@ -123,7 +123,7 @@ TEST_F(TokenData, PrepareRefusesBadInputsNamingThem) {
   const std::string small = Write("small.txt", "too short");
   r = PrepareTokens({small}, out);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(r.status().message(), AllOf(HasSubstr(small), HasSubstr("holds 9 bytes")));
+  EXPECT_THAT(r.status().message(), AllOf(HasSubstr(small), HasSubstr("holds 9 tokens")));
   r = PrepareTokens({good}, out, 1.0);
   EXPECT_THAT(r.status().message(), HasSubstr("outside [0, 1)"));
   // Root ignores permission bits, so the unusable out_dir is one under a regular file.
@@ -265,6 +265,55 @@ TEST_F(TokenData, DefaultCorpusMissingTellsToRunSetup) {
   Write("x.dat", "index");
   files = DefaultCorpusFiles(dir_.string());
   EXPECT_THAT(files.status().message(), HasSubstr("holds no text files"));
+}
+
+// BPE preparation: each file's tokens as Encode gives them, the tokenizer kept beside
+// them, and a vocabulary past 65536 ids written 4 bytes a token (a vocabulary of the
+// 256 byte symbols and the merge "a b" -> "ab" at id 70000).
+TEST_F(TokenData, BpePreparationWritesEachFilesTokensAndKeepsTheTokenizer) {
+  std::string vocab = "{";
+  uint32_t next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    const uint32_t cp = printable ? b : next++;
+    std::string u8 =
+        cp < 0x80 ? std::string(1, static_cast<char>(cp))
+                  : std::string{static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+    if (u8 == "\"" || u8 == "\\") u8 = "\\" + u8;
+    vocab += "\"" + u8 + "\": " + std::to_string(b) + ",";
+  }
+  vocab += "\"ab\": 70000}";
+  const std::string v = Write("vocab.json", vocab), m = Write("merges.txt", "#version: 0.2\na b\n");
+  Result<BpeTokenizer> bpe = BpeTokenizer::Load(v, m);
+  ASSERT_TRUE(bpe.ok()) << bpe.status().ToString();
+  ASSERT_EQ(bpe->vocab_size(), 70001);
+  const std::string one = Write("one.txt", std::string(1500, 'x') + "ab"),
+                    two = Write("two.txt", "abab cab\n");
+  const std::string out = (dir_ / "out").string();
+  Result<PrepareReport> r = PrepareTokens({one, two}, out, 0.0, 4, &*bpe);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::vector<int32_t> want = *bpe->Encode(std::string(1500, 'x') + "ab");
+  const std::vector<int32_t> second = *bpe->Encode("abab cab\n");
+  want.insert(want.end(), second.begin(), second.end());
+  ASSERT_EQ(want[1500], 70000);
+  Result<TokenFile> train = TokenFile::Open(r->train.path), val = TokenFile::Open(r->val.path);
+  ASSERT_TRUE(train.ok() && val.ok());
+  EXPECT_EQ(train->token_width(), 4u);
+  EXPECT_EQ(train->vocab(), 70001);
+  std::vector<int32_t> got(static_cast<size_t>(train->size() + val->size()));
+  train->Window(0, train->size(), got.data());
+  val->Window(0, val->size(), got.data() + train->size());
+  EXPECT_EQ(got, want);
+  Result<std::optional<BpeTokenizer>> kept = LoadDataTokenizer(r->train.path, train->vocab());
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  ASSERT_TRUE(kept->has_value());
+  EXPECT_EQ((*kept)->vocab_path(), out + "/tokenizer/vocab.json");
+  // Byte-level tokens in the same directory take the tokenizer away.
+  ASSERT_TRUE(PrepareTokens({one, two}, out, 0.0, 4).ok());
+  Result<std::optional<BpeTokenizer>> gone = LoadDataTokenizer(r->train.path, 256);
+  ASSERT_TRUE(gone.ok());
+  EXPECT_FALSE(gone->has_value());
+  EXPECT_FALSE(fs::exists(out + "/tokenizer"));
 }
 
 }  // namespace
