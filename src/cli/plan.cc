@@ -16,6 +16,7 @@
 #include "cli/train_flags.h"
 #include "strata/units.h"
 #include "tools/planner.h"
+#include "tools/safetensors_plan_model.h"
 
 namespace strata::cli {
 
@@ -58,6 +59,9 @@ struct PlanFlags {
   int world_size = 1;
   std::string profile, save_profile;
   bool measure = false;
+  std::string model_file;  // a safetensors file whose header is the model
+  CLI::Option* model_option = nullptr;
+  CLI::Option* seq_option = nullptr;  // the one model flag --model-file takes
 };
 
 Result<tools::LaneRates> LoadProfile(const std::string& path) {
@@ -101,7 +105,14 @@ std::string Report(const tools::PlanRequest& r, const std::vector<tools::PlanCan
                     " x " + std::to_string(r.base.gradient_accumulation_steps) + " accumulation, " +
                     std::to_string(r.world_size) + (r.world_size == 1 ? " rank" : " ranks") + ", overlap " +
                     (r.base.strata.overlap ? "on" : "off") + "\n";
-  out += "rates (" + rates_from + "): " + RatesLine(r.rates) + "\n\n";
+  out += "rates (" + rates_from + "): " + RatesLine(r.rates) + "\n";
+  if (!r.model.compute_basis.empty()) out += "compute: " + r.model.compute_basis + "\n";
+  if (!r.model.activations_counted) {
+    out +=
+        "activations: not counted (the model has no forward code to count them from); the process "
+        "column leaves them out\n";
+  }
+  out += "\n";
   Table t({"#", "configuration", "device", "pinned host", "process", "NVMe", "resident", "overlap", "step",
            "waits on"});
   int n = 0;
@@ -137,9 +148,10 @@ std::string Report(const tools::PlanRequest& r, const std::vector<tools::PlanCan
       out += "  " + p.tier + ": " + FormatBytes(p.bytes) + "  " + p.what + "\n";
     const tools::ProcessMemory& m = best.process;
     out += "  process: " + FormatBytes(m.total()) + "  the binary and libraries as loaded (" +
-           FormatBytes(m.base) + "), the engine's creation scratch (" + FormatBytes(m.creation) +
-           ") and the activations (" + FormatBytes(m.activations) +
-           ", an upper bound; device memory on a GPU), not pinned\n";
+           FormatBytes(m.base) + "), the engine's creation scratch (" + FormatBytes(m.creation) + ") and " +
+           (m.activations_counted ? "the activations (" + FormatBytes(m.activations) +
+                                        ", an upper bound; device memory on a GPU), not pinned\n"
+                                  : "not the activations (not counted), not pinned\n");
     out +=
         "  (each tier's total above also holds what its budget leaves room for: spares, staging depth, "
         "resident chunks, gather buffers)\n";
@@ -147,11 +159,15 @@ std::string Report(const tools::PlanRequest& r, const std::vector<tools::PlanCan
   return out;
 }
 
-// The model the flags describe: the reference MLP, or the GPT on its token files (the
-// default corpus is prepared on first use, as `strata train` does).
-tools::PlanModel BuildPlanModel(const TrainFlags& f, const Config& config) {
+// The model the flags describe: a safetensors header, the reference MLP, or the GPT on
+// its token files (the default corpus is prepared on first use, as `strata train` does).
+tools::PlanModel BuildPlanModel(const PlanFlags& p, const Config& config) {
+  const TrainFlags& f = p.train;
   Result<tools::PlanModel> m = InvalidArgumentError("plan: no model");
-  if (f.model == "mlp") {
+  if (!p.model_file.empty()) {
+    m = tools::SafetensorsPlanModel(p.model_file, f.gpt.seq);
+    if (!m.ok()) throw CliError(m.status().WithContext("--model-file"));
+  } else if (f.model == "mlp") {
     auto spec = BuildModel(f, config.seed);
     ThrowIfError(spec.status());
     m = tools::MlpPlanModel(*spec);
@@ -178,7 +194,21 @@ Status CheckFlags(const PlanFlags& f) {
     if (v && *v < 1)
       return InvalidArgumentError(std::string(flag) + " " + std::to_string(*v) + ": must be at least 1");
   }
-  return CheckModelFlags(f.train);
+  if (f.model_file.empty()) return CheckModelFlags(f.train);
+  if (f.model_option->count() > 0)
+    return InvalidArgumentError("--model and --model-file: give one (the model is built in or read)");
+  std::vector<const CLI::Option*> others(f.train.mlp_options.begin(), f.train.mlp_options.end());
+  others.insert(others.end(), f.train.gpt.options.begin(), f.train.gpt.options.end());
+  for (const CLI::Option* o : others) {
+    if (o != f.seq_option && o->count() > 0) {
+      return InvalidArgumentError(o->get_name() +
+                                  " is a flag of the built-in models; the model of --model-file " +
+                                  f.model_file + " comes from its header (--seq applies)");
+    }
+  }
+  if (f.train.gpt.seq < 1)
+    return InvalidArgumentError("--seq " + std::to_string(f.train.gpt.seq) + ": must be at least 1");
+  return OkStatus();
 }
 
 void Run(PlanFlags& f) {
@@ -187,11 +217,12 @@ void Run(PlanFlags& f) {
   auto config = BuildConfig(f.train, &origin);
   ThrowIfError(config.status());
   SetPlanSwapPaths(f.train, &*config);
-  const bool gpt = f.train.model == "gpt";
-  ThrowIfError(ResolveBatchSizes(&*config, f.world_size, gpt ? kDefaultGptMicroBatch : kDefaultMicroBatch));
+  const bool sequences = f.train.model == "gpt" || !f.model_file.empty();
+  ThrowIfError(
+      ResolveBatchSizes(&*config, f.world_size, sequences ? kDefaultGptMicroBatch : kDefaultMicroBatch));
   tools::PlanRequest r;
   r.base = *config;
-  r.model = BuildPlanModel(f.train, *config);
+  r.model = BuildPlanModel(f, *config);
   r.world_size = f.world_size;
   r.micro_batch = config->train_micro_batch_size_per_gpu;
   r.process_base = tools::CurrentRssBytes();  // before the probes' buffers
@@ -213,9 +244,12 @@ void Run(PlanFlags& f) {
                         {"model", r.model.description},
                         {"params", r.model.params},
                         {"micro_batch", r.micro_batch},
+                        {"compute_estimated", !r.model.compute_basis.empty()},
+                        {"activations_counted", r.model.activations_counted},
                         {"rates", tools::RatesToJson(r.rates)},
                         {"candidates", nlohmann::json::array()}};
     for (const tools::PlanCandidate& c : *all) j["candidates"].push_back(tools::ToJson(c));
+    if (!r.model.compute_basis.empty()) j["compute_basis"] = r.model.compute_basis;
     std::cout << j.dump(2) << "\n";
     return;
   }
@@ -234,9 +268,12 @@ void AddPlanCommand(CLI::App& app) {
   t.model = "gpt";
   cmd->add_option("--config", t.config_path,
                   "JSON config (DeepSpeed keys); the plan varies stage and offloads");
-  cmd->add_option("--model", t.model, "gpt (as strata train) or mlp, the reference MLP")
-      ->check(CLI::IsMember({"gpt", "mlp"}))
-      ->capture_default_str();
+  f->model_option = cmd->add_option("--model", t.model, "gpt (as strata train) or mlp, the reference MLP")
+                        ->check(CLI::IsMember({"gpt", "mlp"}))
+                        ->capture_default_str();
+  cmd->add_option("--model-file", f->model_file,
+                  "plan the model a safetensors file's header describes (names, shapes, dtypes; no tensor "
+                  "data is read; compute estimated from flops, activations not counted)");
   t.mlp_options = {cmd->add_option("--params", t.params, "MLP parameter count")->capture_default_str(),
                    cmd->add_option("--depth", t.depth, "MLP hidden layers")->capture_default_str()};
   GptFlags& g = t.gpt;
@@ -245,7 +282,8 @@ void AddPlanCommand(CLI::App& app) {
       cmd->add_option("--n-layer", g.n_layer, "GPT blocks")->capture_default_str(),
       cmd->add_option("--n-head", g.n_head, "GPT attention heads")->capture_default_str(),
       cmd->add_option("--n-embd", g.n_embd, "GPT width")->capture_default_str(),
-      cmd->add_option("--seq", g.seq, "GPT tokens per sequence")->capture_default_str(),
+      f->seq_option = cmd->add_option("--seq", g.seq, "tokens per sequence (the GPT's, or --model-file's)")
+                          ->capture_default_str(),
       cmd->add_flag("--untied", g.untied, "GPT head not tied to the token embedding")};
   cmd->add_option("--world-size", f->world_size, "ranks to plan for")->capture_default_str();
   cmd->add_option("--micro-batch", t.micro_batch,

@@ -1,6 +1,7 @@
 // The model `strata plan` plans: its declaration for the engine's plan, its compute per
 // sample, and how to run a few steps of it cut to a few layers (the calibration of
-// engine_calibration.h). The reference MLP and the GPT are built in.
+// engine_calibration.h). The reference MLP and the GPT are built in; a safetensors
+// header is another (safetensors_plan_model.h).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +34,12 @@ struct PlanModel {
   // fp32 activations and batch buffers the model keeps per sample through a micro-batch
   // (an upper bound: the backward's transients are counted as if all live at once).
   double activation_bytes_per_sample = 0;
+  // false: the model has no forward code to count them from (a safetensors header); the
+  // plan reports them as not counted, not as zero.
+  bool activations_counted = true;
+  // Non-empty: how the compute time is estimated where it is not timed on the model
+  // itself ("estimated, not measured: 6 flops per parameter per token, ...").
+  std::string compute_basis;
   int64_t cut_params = 0;
   double cut_flops_per_sample = 0;
   // Runs 1 + `steps` steps of the cut model under `config` over `world` (one rank).

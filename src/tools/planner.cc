@@ -65,6 +65,7 @@ Result<PlanCandidate> Evaluate(const Planning& g, PlanCandidate p) {
   p.layout = *plan;
   p.process = EstimateProcessMemory(g.process_base, p.layout, p.config, g.r.model.activation_bytes_per_sample,
                                     g.r.micro_batch);
+  p.process.activations_counted = g.r.model.activations_counted;
   p.work = PredictTraffic(p.config, g.r.world_size, p.layout);
   p.work.compute_s =
       PredictComputeSeconds(g.r.model.flops_per_sample, g.r.micro_batch, p.config.gradient_accumulation_steps,
@@ -183,7 +184,8 @@ nlohmann::json ToJson(const PlanCandidate& c) {
                  {"process",
                   {{"base", c.process.base},
                    {"creation", c.process.creation},
-                   {"activations", c.process.activations},
+                   {"activations", c.process.activations_counted ? nlohmann::json(c.process.activations)
+                                                                 : nlohmann::json(nullptr)},
                    {"total", c.process.total()}}}};
   j["layout"] = {{"params", l.num_params},
                  {"chunks", l.num_chunks},

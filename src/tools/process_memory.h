@@ -27,6 +27,9 @@ struct ProcessMemory {
   uint64_t base = 0;
   uint64_t creation = 0;
   uint64_t activations = 0;
+  // false: the model's activations are unknown (PlanModel::activations_counted), so
+  // `activations` is 0 and the total leaves them out; reports say so.
+  bool activations_counted = true;
   uint64_t total() const { return base + creation + activations; }
 };
 // `layout`: the engine's plan under `config`.

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
+#include "zero/safetensors_writer.h"
 
 namespace strata {
 namespace {
@@ -99,6 +100,76 @@ TEST_F(PlanCli, MeasuresWhenNoProfileIsGivenAndSavesIt) {
   EXPECT_GT(rates["nvme_read_bytes_per_s"].get<double>(), 0);
   CliRun again = RunStrata(Args({"--profile", saved, "--json"}));
   EXPECT_EQ(again.exit_status, 0) << again.err;
+}
+
+// A GPT-2-like checkpoint's header: two blocks of width 64, vocabulary 256.
+std::string WriteHeaderModel(const std::string& path) {
+  std::vector<testing::HeaderTensor> t = {{"wte.weight", "F32", {256, 64}}, {"wpe.weight", "F32", {32, 64}}};
+  for (int i = 0; i < 2; ++i) {
+    const std::string h = "h." + std::to_string(i) + ".";
+    for (const char* ln : {"ln_1", "ln_2"})
+      t.insert(t.end(), {{h + ln + ".weight", "F32", {64}}, {h + ln + ".bias", "F32", {64}}});
+    t.insert(t.end(), {{h + "attn.c_attn.weight", "BF16", {64, 192}},
+                       {h + "attn.c_attn.bias", "BF16", {192}},
+                       {h + "attn.c_proj.weight", "BF16", {64, 64}},
+                       {h + "attn.c_proj.bias", "BF16", {64}},
+                       {h + "mlp.c_fc.weight", "BF16", {64, 256}},
+                       {h + "mlp.c_fc.bias", "BF16", {256}},
+                       {h + "mlp.c_proj.weight", "BF16", {256, 64}},
+                       {h + "mlp.c_proj.bias", "BF16", {64}}});
+  }
+  t.insert(t.end(), {{"ln_f.weight", "F32", {64}}, {"ln_f.bias", "F32", {64}}});
+  testing::WriteSafetensors(path, t);
+  return path;
+}
+
+TEST_F(PlanCli, PlansASafetensorsHeaderWithItsComputeEstimated) {
+  const std::string file = WriteHeaderModel(Dir() + "/gpt2-tiny.safetensors");
+  std::vector<std::string> a = {
+      "plan",   "--model-file",  file, "--seq",     "32",     "--nvme-path", Dir() + "/swap", "--host-budget",
+      "256MiB", "--micro-batch", "2",  "--profile", Profile()};
+  CliRun r = RunStrata(a);
+  ASSERT_EQ(r.exit_status, 0) << r.err;
+  EXPECT_NE(r.out.find("plan: safetensors " + file + ": "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(
+                "compute: estimated, not measured: 6 flops per parameter per token (attention's products not "
+                "counted), 32 tokens a sequence"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("activations: not counted"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("first choice: stage"), std::string::npos) << r.out;
+  a.push_back("--json");
+  CliRun j = RunStrata(a);
+  ASSERT_EQ(j.exit_status, 0) << j.err;
+  nlohmann::json plan = nlohmann::json::parse(j.out);
+  const int64_t params = 256 * 64 + 32 * 64 +
+                         2 * (4 * 64 + 64 * 192 + 192 + 64 * 64 + 64 + 64 * 256 + 256 + 256 * 64 + 64) +
+                         2 * 64;
+  EXPECT_EQ(plan["params"], params);
+  EXPECT_EQ(plan["compute_estimated"], true);
+  EXPECT_EQ(plan["activations_counted"], false);
+  EXPECT_EQ(plan["micro_batch"], 2);
+  const nlohmann::json& best = plan["candidates"][0];
+  ASSERT_TRUE(best["fits"]) << best.dump();
+  EXPECT_TRUE(best["memory"]["process"]["activations"].is_null());
+  EXPECT_DOUBLE_EQ(best["work"]["compute_s"].get<double>(), 6.0 * params * 32 * 2 / 1e11)
+      << "6 flops a parameter a token at the profile's compute rate";
+}
+
+TEST_F(PlanCli, ABrokenModelFileOrAFlagOfTheBuiltInModelsIsRefused) {
+  const std::string bad = Dir() + "/bad.safetensors";
+  testing::WriteRawSafetensors(bad, "{\"w\": {\"dtype\": \"I8\", \"shape\": [4], \"data_offsets\": [0, 4]}}",
+                               4);
+  CliRun r = RunStrata({"plan", "--model-file", bad, "--profile", Profile()});
+  EXPECT_NE(r.exit_status, 0);
+  EXPECT_NE(r.err.find(bad + ": tensor \"w\" has dtype I8"), std::string::npos) << r.err;
+  const std::string file = WriteHeaderModel(Dir() + "/gpt2-tiny.safetensors");
+  CliRun layers = RunStrata({"plan", "--model-file", file, "--n-layer", "4", "--profile", Profile()});
+  EXPECT_NE(layers.exit_status, 0);
+  EXPECT_NE(layers.err.find("--n-layer is a flag of the built-in models"), std::string::npos) << layers.err;
+  CliRun both = RunStrata({"plan", "--model-file", file, "--model", "mlp", "--profile", Profile()});
+  EXPECT_NE(both.exit_status, 0);
+  EXPECT_NE(both.err.find("--model and --model-file"), std::string::npos) << both.err;
 }
 
 TEST_F(PlanCli, BadInputIsRefusedByName) {
