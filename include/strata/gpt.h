@@ -32,9 +32,13 @@
 //    and the backward runs each block's forward again (through the hooks, as above) just
 //    before its backward. The kernels are deterministic, so this changes no bit of the
 //    loss or of any gradient; it saves the blocks' inner activations (activation_floats).
-//  - Backend kCpu with fp32 parameters only: a hook that hands out 16-bit parameters is
-//    refused (Unimplemented), and so is Backend::kCuda; the GPT kernels have no 16-bit or
-//    CUDA path yet.
+//  - Parameters in fp32, bf16 or fp16 (the hooks' ModuleParams::dtype): the linear layers
+//    (qkv, projections, MLP, LM head) read 16-bit weights as they are, and the other
+//    kernels (embeddings, LayerNorms) read them widened to fp32 in a scratch of the
+//    driver's; every activation, every accumulation and every gradient is fp32. So a
+//    16-bit pass computes exactly what the fp32 pass computes with the weights rounded to
+//    16 bits, bit for bit, as the MLP does (mlp_kernels.h). Backend::kCuda is refused
+//    (Unimplemented): the GPT kernels have no CUDA path yet.
 //  - The driver owns its activation workspace: grown to the largest (batch, seq) seen,
 //    reused afterwards. One driver is used by one thread at a time.
 #pragma once
@@ -145,8 +149,6 @@ class Gpt {
   struct BlockActs {
     std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fc, fc_gelu;
   };
-  // The module's parameters as fp32 pointers, after the hook and its checks.
-  using Params = std::vector<const float*>;
 
   Result<double> Run(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                      double normaliser, ModuleHooks& hooks, bool backward);
@@ -156,7 +158,10 @@ class Gpt {
   BlockActs& acts(int64_t layer) { return recompute_ ? blocks_[0] : blocks_[layer]; }
   float* block_in(int64_t layer) { return block_in_.data() + layer * rows_ * spec_.n_embd; }
 
-  Result<Params> FetchModule(ModuleHooks& hooks, int module);
+  Result<ModuleParams> FetchModule(ModuleHooks& hooks, int module);
+  // Tensor i of `p` (n elements) as fp32: itself, or its 16-bit values widened into
+  // wide_[slot], valid until that slot's next use.
+  const float* Wide(const ModuleParams& p, size_t i, int64_t n, int slot);
   Status ReleaseModule(ModuleHooks& hooks, int module);
   Result<ModuleBackward> BeginModule(ModuleHooks& hooks, int module);
   Status EndModule(ModuleHooks& hooks, int module);
@@ -179,6 +184,7 @@ class Gpt {
   std::vector<float> block_in_, lnf_, lnf_mean_, lnf_rstd_, logits_, zero_bias_;
   std::vector<BlockActs> blocks_;  // one per block, or one shared when recomputing
   std::vector<float> dres_, dtmp_, dwide_, dqkv_, dbias_scratch_;
+  std::vector<float> wide_[2];  // 16-bit parameters widened for the non-linear kernels
 };
 
 }  // namespace strata::model

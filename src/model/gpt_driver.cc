@@ -36,8 +36,6 @@ bool PairAccumulate(const ModuleGrads& g, size_t a, int64_t a_size, size_t b, in
   return true;
 }
 
-const float* F(const void* p) { return static_cast<const float*>(p); }
-
 }  // namespace
 
 Gpt::Gpt(GptSpec spec, Backend backend) : spec_(std::move(spec)), backend_(backend) {
@@ -148,11 +146,10 @@ Result<double> Gpt::Run(const int32_t* tokens, const int32_t* targets, int64_t b
 namespace {
 
 Status CheckParams(const ModuleParams& p, const ModuleDecl& m, const char* hook) {
-  if (p.dtype != DType::kF32) {
-    return UnimplementedError("GPT: " + std::string(hook) + " of module " + m.name + " handed out " +
-                              std::string(DTypeName(p.dtype)) +
-                              " parameters; the GPT's CPU kernels take fp32 only (16-bit compute is not "
-                              "built yet)");
+  if (p.dtype != DType::kF32 && p.dtype != DType::kBf16 && p.dtype != DType::kFp16) {
+    return InvalidArgumentError("GPT: " + std::string(hook) + " of module " + m.name + " handed out " +
+                                std::string(DTypeName(p.dtype)) +
+                                " parameters; the GPT's kernels read fp32, bf16 or fp16");
   }
   const bool all =
       std::all_of(p.tensors.begin(), p.tensors.end(), [](const void* t) { return t != nullptr; });
@@ -166,14 +163,19 @@ Status CheckParams(const ModuleParams& p, const ModuleDecl& m, const char* hook)
 
 }  // namespace
 
-Result<Gpt::Params> Gpt::FetchModule(ModuleHooks& hooks, int module) {
+Result<ModuleParams> Gpt::FetchModule(ModuleHooks& hooks, int module) {
   const ModuleDecl& m = model_.modules[module];
   Result<ModuleParams> p = hooks.Fetch(module);
   if (!p.ok()) return p.status().WithContext("Fetch of GPT module " + m.name);
   STRATA_RETURN_IF_ERROR(CheckParams(*p, m, "Fetch"));
-  Params out;
-  for (const void* t : p->tensors) out.push_back(F(t));
-  return out;
+  return p;
+}
+
+const float* Gpt::Wide(const ModuleParams& p, size_t i, int64_t n, int slot) {
+  if (p.dtype == DType::kF32) return static_cast<const float*>(p.tensors[i]);
+  Grow(wide_[slot], n);
+  ToFloat(p.tensors[i], p.dtype, n, wide_[slot].data());
+  return wide_[slot].data();
 }
 
 Status Gpt::ReleaseModule(ModuleHooks& hooks, int module) {
@@ -206,8 +208,11 @@ Status Gpt::EndModule(ModuleHooks& hooks, int module) {
 // --- forward -------------------------------------------------------------------------
 
 Status Gpt::ForwardEmbed(const int32_t* tokens, ModuleHooks& hooks) {
-  STRATA_ASSIGN_OR_RETURN(Params p, FetchModule(hooks, GptEmbedModule()));
-  EmbeddingForward(tokens, p[0], p[1], batch_, seq_, spec_.n_embd, spec_.vocab_size, block_in(0));
+  STRATA_ASSIGN_OR_RETURN(ModuleParams p, FetchModule(hooks, GptEmbedModule()));
+  const int64_t c = spec_.n_embd;
+  // Only the sequence's rows of wpe are read.
+  EmbeddingForward(tokens, Wide(p, 0, spec_.vocab_size * c, 0), Wide(p, 1, seq_ * c, 1), batch_, seq_, c,
+                   spec_.vocab_size, block_in(0));
   return ReleaseModule(hooks, GptEmbedModule());
 }
 
@@ -216,21 +221,25 @@ Status Gpt::ForwardBlock(int64_t layer, bool recomputing, ModuleHooks& hooks) {
   BlockActs& a = acts(layer);
   const float* in = block_in(layer);
   {
-    STRATA_ASSIGN_OR_RETURN(Params p, FetchModule(hooks, GptAttnModule(layer)));
-    LayerNormForward(in, p[0], p[1], n, c, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data());
-    LinearForward(a.ln1.data(), n, c, 3 * c, p[2], p[3], DType::kF32, a.qkv.data());
+    STRATA_ASSIGN_OR_RETURN(ModuleParams p, FetchModule(hooks, GptAttnModule(layer)));
+    const auto& t = p.tensors;
+    LayerNormForward(in, Wide(p, 0, c, 0), Wide(p, 1, c, 1), n, c, a.ln1.data(), a.ln1_mean.data(),
+                     a.ln1_rstd.data());
+    LinearForward(a.ln1.data(), n, c, 3 * c, t[2], t[3], p.dtype, a.qkv.data());
     AttentionForward(a.qkv.data(), batch_, seq_, c, spec_.n_head, a.atty.data(), a.att.data());
-    LinearForward(a.atty.data(), n, c, c, p[4], p[5], DType::kF32, a.res2.data());
+    LinearForward(a.atty.data(), n, c, c, t[4], t[5], p.dtype, a.res2.data());
     AddInPlace(a.res2.data(), in, n * c);
     STRATA_RETURN_IF_ERROR(ReleaseModule(hooks, GptAttnModule(layer)));
   }
-  STRATA_ASSIGN_OR_RETURN(Params p, FetchModule(hooks, GptMlpModule(layer)));
-  LayerNormForward(a.res2.data(), p[0], p[1], n, c, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data());
-  LinearForward(a.ln2.data(), n, c, 4 * c, p[2], p[3], DType::kF32, a.fc.data());
+  STRATA_ASSIGN_OR_RETURN(ModuleParams p, FetchModule(hooks, GptMlpModule(layer)));
+  const auto& t = p.tensors;
+  LayerNormForward(a.res2.data(), Wide(p, 0, c, 0), Wide(p, 1, c, 1), n, c, a.ln2.data(), a.ln2_mean.data(),
+                   a.ln2_rstd.data());
+  LinearForward(a.ln2.data(), n, c, 4 * c, t[2], t[3], p.dtype, a.fc.data());
   GeluForward(a.fc.data(), n * 4 * c, a.fc_gelu.data());
   if (!recomputing) {
     float* out = block_in(layer + 1);
-    LinearForward(a.fc_gelu.data(), n, 4 * c, c, p[4], p[5], DType::kF32, out);
+    LinearForward(a.fc_gelu.data(), n, 4 * c, c, t[4], t[5], p.dtype, out);
     AddInPlace(out, a.res2.data(), n * c);
   }
   return ReleaseModule(hooks, GptMlpModule(layer));
@@ -238,10 +247,12 @@ Status Gpt::ForwardBlock(int64_t layer, bool recomputing, ModuleHooks& hooks) {
 
 Status Gpt::ForwardHead(ModuleHooks& hooks) {
   const int head = GptHeadModule(spec_);
-  STRATA_ASSIGN_OR_RETURN(Params p, FetchModule(hooks, head));
-  LayerNormForward(block_in(spec_.n_layer), p[0], p[1], rows_, spec_.n_embd, lnf_.data(), lnf_mean_.data(),
-                   lnf_rstd_.data());
-  LinearForward(lnf_.data(), rows_, spec_.n_embd, spec_.vocab_size, p[2], zero_bias_.data(), DType::kF32,
+  STRATA_ASSIGN_OR_RETURN(ModuleParams p, FetchModule(hooks, head));
+  const int64_t c = spec_.n_embd;
+  LayerNormForward(block_in(spec_.n_layer), Wide(p, 0, c, 0), Wide(p, 1, c, 1), rows_, c, lnf_.data(),
+                   lnf_mean_.data(), lnf_rstd_.data());
+  // zero_bias_ holds vocab_size zero floats, so it also reads as zeros in a 16-bit dtype.
+  LinearForward(lnf_.data(), rows_, c, spec_.vocab_size, p.tensors[2], zero_bias_.data(), p.dtype,
                 logits_.data());
   return ReleaseModule(hooks, head);
 }
@@ -255,10 +266,11 @@ Status Gpt::BackwardHead(ModuleHooks& hooks) {
   const auto& p = bw.params.tensors;
   const ModuleGrads& g = bw.grads;
   // The head has no bias: LinearBackward's bias gradient goes to scratch.
-  LinearBackward(lnf_.data(), logits_.data(), n, c, spec_.vocab_size, p[2], DType::kF32, dtmp_.data(),
+  LinearBackward(lnf_.data(), logits_.data(), n, c, spec_.vocab_size, p[2], bw.params.dtype, dtmp_.data(),
                  g.tensors[2], dbias_scratch_.data(), g.accumulate[2] != 0);
-  LayerNormBackward(block_in(spec_.n_layer), dtmp_.data(), F(p[0]), lnf_mean_.data(), lnf_rstd_.data(), n, c,
-                    dres_.data(), g.tensors[0], g.tensors[1], PairAccumulate(g, 0, c, 1, c));
+  LayerNormBackward(block_in(spec_.n_layer), dtmp_.data(), Wide(bw.params, 0, c, 0), lnf_mean_.data(),
+                    lnf_rstd_.data(), n, c, dres_.data(), g.tensors[0], g.tensors[1],
+                    PairAccumulate(g, 0, c, 1, c));
   return EndModule(hooks, head);
 }
 
@@ -268,13 +280,14 @@ Status Gpt::BackwardMlp(int64_t layer, ModuleHooks& hooks) {
   STRATA_ASSIGN_OR_RETURN(ModuleBackward bw, BeginModule(hooks, GptMlpModule(layer)));
   const auto& p = bw.params.tensors;
   const ModuleGrads& g = bw.grads;
-  LinearBackward(a.fc_gelu.data(), dres_.data(), n, 4 * c, c, p[4], DType::kF32, dwide_.data(), g.tensors[4],
-                 g.tensors[5], PairAccumulate(g, 4, c * 4 * c, 5, c));
+  LinearBackward(a.fc_gelu.data(), dres_.data(), n, 4 * c, c, p[4], bw.params.dtype, dwide_.data(),
+                 g.tensors[4], g.tensors[5], PairAccumulate(g, 4, c * 4 * c, 5, c));
   GeluBackward(a.fc.data(), dwide_.data(), n * 4 * c, dwide_.data());
-  LinearBackward(a.ln2.data(), dwide_.data(), n, c, 4 * c, p[2], DType::kF32, dtmp_.data(), g.tensors[2],
+  LinearBackward(a.ln2.data(), dwide_.data(), n, c, 4 * c, p[2], bw.params.dtype, dtmp_.data(), g.tensors[2],
                  g.tensors[3], PairAccumulate(g, 2, 4 * c * c, 3, 4 * c));
-  LayerNormBackward(a.res2.data(), dtmp_.data(), F(p[0]), a.ln2_mean.data(), a.ln2_rstd.data(), n, c,
-                    dtmp_.data(), g.tensors[0], g.tensors[1], PairAccumulate(g, 0, c, 1, c));
+  LayerNormBackward(a.res2.data(), dtmp_.data(), Wide(bw.params, 0, c, 0), a.ln2_mean.data(),
+                    a.ln2_rstd.data(), n, c, dtmp_.data(), g.tensors[0], g.tensors[1],
+                    PairAccumulate(g, 0, c, 1, c));
   AddInPlace(dres_.data(), dtmp_.data(), n * c);
   return EndModule(hooks, GptMlpModule(layer));
 }
@@ -285,13 +298,14 @@ Status Gpt::BackwardAttn(int64_t layer, ModuleHooks& hooks) {
   STRATA_ASSIGN_OR_RETURN(ModuleBackward bw, BeginModule(hooks, GptAttnModule(layer)));
   const auto& p = bw.params.tensors;
   const ModuleGrads& g = bw.grads;
-  LinearBackward(a.atty.data(), dres_.data(), n, c, c, p[4], DType::kF32, dtmp_.data(), g.tensors[4],
+  LinearBackward(a.atty.data(), dres_.data(), n, c, c, p[4], bw.params.dtype, dtmp_.data(), g.tensors[4],
                  g.tensors[5], PairAccumulate(g, 4, c * c, 5, c));
   AttentionBackward(a.qkv.data(), a.att.data(), dtmp_.data(), batch_, seq_, c, spec_.n_head, dqkv_.data());
-  LinearBackward(a.ln1.data(), dqkv_.data(), n, c, 3 * c, p[2], DType::kF32, dtmp_.data(), g.tensors[2],
+  LinearBackward(a.ln1.data(), dqkv_.data(), n, c, 3 * c, p[2], bw.params.dtype, dtmp_.data(), g.tensors[2],
                  g.tensors[3], PairAccumulate(g, 2, 3 * c * c, 3, 3 * c));
-  LayerNormBackward(block_in(layer), dtmp_.data(), F(p[0]), a.ln1_mean.data(), a.ln1_rstd.data(), n, c,
-                    dtmp_.data(), g.tensors[0], g.tensors[1], PairAccumulate(g, 0, c, 1, c));
+  LayerNormBackward(block_in(layer), dtmp_.data(), Wide(bw.params, 0, c, 0), a.ln1_mean.data(),
+                    a.ln1_rstd.data(), n, c, dtmp_.data(), g.tensors[0], g.tensors[1],
+                    PairAccumulate(g, 0, c, 1, c));
   AddInPlace(dres_.data(), dtmp_.data(), n * c);
   return EndModule(hooks, GptAttnModule(layer));
 }

@@ -1,5 +1,6 @@
 // The GPT driver's handling of the hooks (gpt.h): per-tensor accumulate flags, errors of
-// its own and of the hooks, 16-bit and CUDA refusals, and the reuse of its workspace.
+// its own and of the hooks, 16-bit parameters, the CUDA refusal, and the reuse of its
+// workspace.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "model/gpt_hooks.h"
 #include "strata/gpt.h"
+#include "strata/mlp_kernels.h"
 #include "zero/chain_model.h"
 
 namespace strata::model {
@@ -130,17 +132,48 @@ TEST(GptDriver, StopsAtAFailingHookAndNamesTheModule) {
   EXPECT_EQ(hooks.log().back(), "B2") << "nothing after the failed hook";
 }
 
-TEST(GptDriver, Refuses16BitParametersAndTheCudaBackend) {
+// 16-bit parameters compute what fp32 ones rounded to 16 bits compute, bit for bit:
+// the loss and every gradient, tied and untied, with and without recompute, with a
+// sequence shorter than the block (bf16 and fp16). A pass that widened a weight through
+// another rounding, or read a 16-bit tensor as fp32, fails it.
+TEST(GptDriver, SixteenBitParametersComputeTheirFp32ValuesBitForBit) {
   const Data d;
-  Gpt gpt(kSpec);
-  DenseHooks bf16(gpt.modules(), DType::kBf16, SpecInit(kSpec));
-  const Status s = Pass(gpt, bf16, d).status();
-  EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.ToString();
-  EXPECT_NE(s.message().find("bf16"), std::string::npos) << s.ToString();
-  EXPECT_NE(s.message().find("embed"), std::string::npos) << s.ToString();
+  for (DType dtype : {DType::kBf16, DType::kFp16}) {
+    for (bool tied : {true, false}) {
+      for (bool recompute : {false, true}) {
+        GptSpec spec = kSpec;
+        spec.tied_head = tied;
+        const std::string what =
+            std::string(DTypeName(dtype)) + (tied ? " tied" : " untied") + (recompute ? " recompute" : "");
+        Gpt half(spec), wide(spec);
+        half.set_recompute(recompute);
+        wide.set_recompute(recompute);
+        DenseHooks h16(half.modules(), dtype, SpecInit(spec));
+        DenseHooks h32(wide.modules(), DType::kF32, [&](TensorId t, int64_t b, int64_t n, float* out) {
+          InitGptTensor(spec, t, b, n, out);
+          std::vector<uint16_t> bits(n);
+          FromFloat(out, n, dtype, bits.data());
+          ToFloat(bits.data(), dtype, n, out);
+        });
+        Result<double> a = Pass(half, h16, d, kBatch, kSeq - 3), b = Pass(wide, h32, d, kBatch, kSeq - 3);
+        ASSERT_TRUE(a.ok() && b.ok()) << what << ": " << a.status().ToString() << b.status().ToString();
+        EXPECT_EQ(*a, *b) << what;
+        for (size_t t = 0; t < half.modules().tensors.size(); ++t) {
+          EXPECT_TRUE(SameBits(h16.grad(static_cast<TensorId>(t)), h32.grad(static_cast<TensorId>(t))))
+              << what << ": " << half.modules().tensors[t].name;
+        }
+      }
+    }
+  }
+}
+
+TEST(GptDriver, RefusesTheCudaBackend) {
+  const Data d;
   Gpt cuda(kSpec, Backend::kCuda);
-  DenseHooks dense(gpt.modules(), DType::kF32, SpecInit(kSpec));
-  EXPECT_EQ(Pass(cuda, dense, d).status().code(), StatusCode::kUnimplemented);
+  DenseHooks dense(cuda.modules(), DType::kF32, SpecInit(kSpec));
+  const Status s = Pass(cuda, dense, d).status();
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.ToString();
+  EXPECT_NE(s.message().find("CUDA"), std::string::npos) << s.ToString();
 }
 
 // The workspace is grown once and reused: a driver that ran a larger batch computes a

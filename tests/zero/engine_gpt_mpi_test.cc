@@ -29,5 +29,7 @@ TEST(EngineGptMpi, RecomputeMatchesTheReference) { CheckGptVariants(MpiWorld(), 
 
 TEST(EngineGptMpi, UntiedHeadMatchesTheReference) { CheckGptVariants(MpiWorld(), Variant(3), SomeCombos()); }
 
+TEST(EngineGptMpi, Bf16MatchesTheReference) { CheckGptVariants(MpiWorld(), Variant(4), SomeCombos()); }
+
 }  // namespace
 }  // namespace strata::testing

@@ -1,6 +1,6 @@
 // The GPT trained through the engine at world size 1 (no mpirun): every stage and offload
 // combination against the dense single-rank reference (engine_gpt_checks.h), tied, with
-// accumulation and clipping, with recompute, and untied; and 16-bit compute refused.
+// accumulation and clipping, with recompute, untied, and with bf16 compute.
 #include "engine_gpt_checks.h"
 #include "single_world.h"
 
@@ -74,13 +74,11 @@ TEST(EngineGpt, TrainingCallsAreRefusedWhileEvaluating) {
   EXPECT_EQ(inside.code(), StatusCode::kFailedPrecondition) << inside.ToString();
 }
 
-// The engine hands out bf16 parameters; the GPT's CPU kernels have no 16-bit path yet.
-TEST(EngineGpt, Bf16ComputeIsRefusedByTheDriver) {
-  const GptSetup setup{GptVariants()[0].setup};
-  const Config config = MakeConfig({2, "none", "none"}, R"({"bf16": {"enabled": true}})");
-  const ChainRun run = RunGptEngine(World(), config, setup);
-  EXPECT_EQ(run.status.code(), StatusCode::kUnimplemented) << run.status.ToString();
-  EXPECT_NE(run.status.message().find("bf16"), std::string::npos) << run.status.ToString();
+// bf16 compute copies, with accumulation and clipping that engages every step.
+TEST(EngineGpt, Bf16MatchesTheReference) {
+  const std::vector<ChainRun> refs = CheckGptVariants(World(), Variant(4), AllCombos());
+  ASSERT_TRUE(refs[0].status.ok());
+  for (double clip : refs[0].clip_coefs) EXPECT_LT(clip, 1.0) << "clipping must engage";
 }
 
 }  // namespace
