@@ -103,6 +103,11 @@ inline int GptHeadModule(const GptSpec& s) { return static_cast<int>(1 + 2 * s.n
 ModelDecl GptModel(const GptSpec& spec);
 // Real parameters: a tied head counts wte once.
 int64_t GptParameterCount(const GptSpec& spec);
+// Model flops of one training sequence of `seq` tokens (forward and backward), as MFU
+// counts them (PaLM's appendix B): 6 per parameter per token, and attention's two
+// products per block (QK^T and AV: 2 x seq^2 x n_embd each forward, twice that backward).
+// Recomputed activations are not model flops.
+double GptFlopsPerSequence(const GptSpec& spec, int64_t seq);
 
 // Writes elements [begin, begin + count) of tensor `tensor` (its GptModel id), GPT-2's
 // initialisation: weights and embeddings ~ N(0, 0.02), the two residual projections of

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/gpt_throughput.h"
 #include "strata/checkpoint.h"
 #include "strata/lr_schedule.h"
 #include "strata/token_data.h"
@@ -240,6 +241,10 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
     setup->engine.reset();  // closes the stores: their swap and lock files go
     return EndFailedRun(status, guard);
   }
+  // Every rank measures the products at once, sharing the cores as training did.
+  const nlohmann::json throughput =
+      GptThroughput(job.model, job.seq, job.config.train_micro_batch_size_per_gpu, world.size(), loop.steps);
+  if (rank0 && !throughput.empty()) log.Write({{"throughput", throughput}});
   if (rank0 && job.json) {
     const nlohmann::json report = {
         {"config", ConfigToJson(job.config)},
@@ -248,9 +253,11 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
         {"budget_need", {{"device", layout.device_need}, {"host", layout.host_need}}},
         {"peak_rss_bytes", tools::PeakRssBytes()},
         {"steps", loop.steps},
+        {"throughput", throughput},
         {"evaluations", loop.evals}};
     std::printf("%s\n", report.dump(2).c_str());
   } else if (rank0) {
+    std::printf("%s\n", ThroughputLine(throughput).c_str());
     std::printf("%s\n", MemoryAccountLine(layout, job.config, base_rss,
                                           tools::GptActivationBytes(job.model, job.seq,
                                                                     job.config.activation_checkpointing))

@@ -114,6 +114,12 @@ int64_t GptParameterCount(const GptSpec& spec) {
   return n;
 }
 
+double GptFlopsPerSequence(const GptSpec& spec, int64_t seq) {
+  return 6.0 * static_cast<double>(GptParameterCount(spec)) * static_cast<double>(seq) +
+         12.0 * static_cast<double>(spec.n_layer) * static_cast<double>(seq) * static_cast<double>(seq) *
+             static_cast<double>(spec.n_embd);
+}
+
 void InitGptTensor(const GptSpec& spec, TensorId tensor, int64_t begin, int64_t count, float* out) {
   const TensorId last = GptLnfWeightId(spec) + (spec.tied_head ? 1 : 2);
   STRATA_CHECK_MSG(tensor >= 0 && tensor <= last && begin >= 0 && count >= 0, "GPT: no such tensor or slice");

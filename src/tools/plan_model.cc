@@ -32,13 +32,6 @@ double OptimizerElems(const Engine& e) {
   return static_cast<double>(l.num_chunks) * static_cast<double>(l.chunk_elems);
 }
 
-// 6 flops per parameter per token (2 forward, 4 backward), and attention's two products
-// per block (QK^T and AV: 2 x seq^2 x n_embd each forward, twice that backward).
-double GptFlopsPerSequence(const model::GptSpec& s, int64_t seq) {
-  return 6.0 * static_cast<double>(model::GptParameterCount(s)) * seq +
-         12.0 * static_cast<double>(s.n_layer) * seq * seq * s.n_embd;
-}
-
 // Per layer and token: two LayerNorm outputs with their statistics, q|k|v, attention's
 // scores and probabilities (2 x n_head x seq), its output, projection and residual, the
 // MLP's 4x hidden before and after GELU, its projection and residual (16 n_embd + 4 +
@@ -119,10 +112,10 @@ Result<PlanModel> GptPlanModel(const model::GptSpec& spec, int64_t seq, const st
                   std::to_string(spec.n_head) + " heads, vocab " + std::to_string(spec.vocab_size) +
                   ", sequences of " + std::to_string(seq) + ")";
   m.decl = model::GptModel(spec);
-  m.flops_per_sample = GptFlopsPerSequence(spec, seq);
+  m.flops_per_sample = model::GptFlopsPerSequence(spec, seq);
   m.activation_bytes_per_sample = GptActivationBytes(spec, seq, recompute);
   m.cut_params = model::GptParameterCount(cut);
-  m.cut_flops_per_sample = GptFlopsPerSequence(cut, seq);
+  m.cut_flops_per_sample = model::GptFlopsPerSequence(cut, seq);
   m.run_cut = [cut, seq, train, recompute](Communicator& world, const Config& config, int64_t micro_batch,
                                            int steps) -> Result<CutRun> {
     ParamInit init = [cut](TensorId t, int64_t b, int64_t n, float* out) {

@@ -86,6 +86,7 @@ TEST_F(GptTrainCli, PrintsStepsValidationAndSampleAndLogsEachLine) {
   EXPECT_EQ(std::distance(std::sregex_iterator(r.out.begin(), r.out.end(), step), std::sregex_iterator()), 3)
       << r.out;
   std::vector<int> val_steps, train_steps;
+  nlohmann::json throughput;
   for (const nlohmann::json& j : ReadLog(log)) {
     if (j.contains("val_loss")) val_steps.push_back(j["step"]);
     if (j.contains("loss")) {
@@ -97,7 +98,22 @@ TEST_F(GptTrainCli, PrintsStepsValidationAndSampleAndLogsEachLine) {
       EXPECT_EQ(j["sample_tokens"].size(), 24u);
       EXPECT_FALSE(j["sample"].get<std::string>().empty());
     }
+    if (j.contains("throughput")) throughput = j["throughput"];
   }
+  // The model flops are the tokens' at 6 per parameter and attention's 12 L T C per
+  // token: 7,664 parameters (tied, vocab 256, block 16, 1 layer, n_embd 16), T = 16.
+  ASSERT_FALSE(throughput.empty()) << "the log ends with the throughput";
+  EXPECT_THAT(r.out, HasSubstr("throughput: "));
+  EXPECT_THAT(r.out, HasSubstr("of steps 1-3"));  // three steps: none are left out
+  const double per_token = 6.0 * 7664 + 12.0 * 1 * 16 * 16;
+  EXPECT_NEAR(throughput["model_flops_per_s"].get<double>(),
+              throughput["tokens_per_s"].get<double>() * per_token,
+              1e-9 * throughput["model_flops_per_s"].get<double>());
+  EXPECT_GT(throughput["gemm_flops_per_s"].get<double>(), 1e8) << "any CPU of this century";
+  EXPECT_NEAR(throughput["mfu"].get<double>(),
+              throughput["model_flops_per_s"].get<double>() / throughput["gemm_flops_per_s"].get<double>(),
+              1e-12);
+  EXPECT_EQ(throughput["gemm_shape"], "[64 x 16] x [16 x 64]");  // micro-batch 4 x seq 16, n_embd 16
   EXPECT_EQ(train_steps, (std::vector<int>{1, 2, 3}));
   EXPECT_EQ(val_steps, (std::vector<int>{0, 2, 3}));
   // The optimizer state is resident (the default host budget holds it), so there may
@@ -116,8 +132,8 @@ TEST_F(GptTrainCli, ValidationLossFallsAndARunRepeatsBitForBit) {
   };
   const std::vector<nlohmann::json> a = run((dir_ / "a.jsonl").string()),
                                     b = run((dir_ / "b.jsonl").string());
-  ASSERT_EQ(a.size(), 42u);  // 40 steps, validation before and after
-  const double first = a.front()["val_loss"], last = a.back()["val_loss"];
+  ASSERT_EQ(a.size(), 43u);  // 40 steps, validation before and after, the throughput
+  const double first = a.front()["val_loss"], last = a[41]["val_loss"];
   EXPECT_NEAR(first, std::log(256.0), 0.3) << "an untrained byte model is near uniform";
   EXPECT_LT(last, 0.6 * first) << "the words repeat: 40 steps learn much of them";
   ASSERT_EQ(a.size(), b.size());
@@ -142,6 +158,7 @@ TEST_F(GptTrainCli, TwoRanksUnderMpirunMatchOneRankWithTheSameGlobalBatch) {
   ASSERT_EQ(a.size(), b.size());
   // The same samples; per-rank partial sums are added in another order: rounding only.
   for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].contains("throughput")) continue;  // each run's own machine time
     const char* key = a[i].contains("loss") ? "loss" : "val_loss";
     EXPECT_NEAR(a[i][key].get<double>(), b[i][key].get<double>(), 1e-5) << i;
   }

@@ -1,0 +1,36 @@
+#include "tools/gemm_rate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "strata/mlp_kernels.h"
+
+namespace strata::tools {
+
+std::string GemmRate::Shape() const {
+  return "[" + std::to_string(m) + " x " + std::to_string(k) + "] x [" + std::to_string(k) + " x " +
+         std::to_string(n) + "]";
+}
+
+GemmRate MeasureGemmRate(int64_t m, int64_t n, int64_t k, double seconds) {
+  using Clock = std::chrono::steady_clock;
+  GemmRate r{m, n, k, 0, 0};
+  std::vector<float> a(m * k, 0.5f), b(k * n, 0.25f), c(m * n, 0.0f);
+  model::Gemm(m, n, k, a.data(), k, b.data(), n, c.data(), n, false);  // warm caches and threads
+  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  // Rounds of at least ~10 ms, so that the clock's resolution does not set the figure.
+  int per_round = 1;
+  do {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < per_round; ++i) model::Gemm(m, n, k, a.data(), k, b.data(), n, c.data(), n, false);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    r.calls += per_round;
+    r.flops_per_s = std::max(r.flops_per_s, flops * per_round / std::max(s, 1e-9));
+    if (s < 0.01) per_round *= 2;
+  } while (Clock::now() < end);
+  return r;
+}
+
+}  // namespace strata::tools
