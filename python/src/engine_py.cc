@@ -18,6 +18,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "module.h"
@@ -207,8 +208,43 @@ class PyEngine {
       nb::gil_scoped_release release;
       st = e.SaveCheckpoint(dir, CheckpointMeta{.json = client_json});
     }
-    Check(st, "save_checkpoint");
+    if (!st.ok()) RaiseStatus(st, "strata.Engine.save_checkpoint(" + dir + ")", dir);
   }
+
+  // Engine::StartCheckpoint (collective): returns once the save knows where every block
+  // is; a worker writes the files while training goes on.
+  void StartCheckpoint(const std::string& dir, const std::string& client_json) {
+    Engine& e = Live();
+    Status st;
+    {
+      nb::gil_scoped_release release;  // Flush() and the ranks' agreement wait
+      st = e.StartCheckpoint(dir, CheckpointMeta{.json = client_json});
+    }
+    if (!st.ok()) RaiseStatus(st, "strata.Engine.start_checkpoint(" + dir + ")", dir);
+    pending_dir_ = dir;
+  }
+
+  // Engine::FinishCheckpoint (collective): waits for the files, then publishes the
+  // directory; a failure names it, since the save it belongs to was started earlier.
+  nb::dict FinishCheckpoint() {
+    Engine& e = Live();
+    const std::string dir = std::exchange(pending_dir_, std::string());
+    Result<CheckpointTimes> t = OkStatus();
+    {
+      nb::gil_scoped_release release;
+      t = e.FinishCheckpoint();
+    }
+    if (!t.ok()) RaiseStatus(t.status(), "strata.Engine.finish_checkpoint(" + dir + ")", dir);
+    nb::dict d;
+    d["started_s"] = t->started_s;
+    d["finish_wait_s"] = t->finish_wait_s;
+    d["optimizer_wait_s"] = t->optimizer_wait_s;
+    d["total_s"] = t->total_s;
+    d["stalled_s"] = t->stalled_s();
+    return d;
+  }
+
+  bool checkpoint_in_progress() const { return Live().checkpoint_in_progress(); }
 
   // Engine::LoadCheckpoint (collective): (the caller's JSON state, Step() calls of the
   // saved run, optimizer steps of those).
@@ -261,6 +297,7 @@ class PyEngine {
   std::shared_ptr<Communicator> world_;
   std::unique_ptr<Device> device_;
   std::unique_ptr<Engine> engine_;
+  std::string pending_dir_;  // of the save StartCheckpoint began, for FinishCheckpoint's errors
 };
 
 void FinalizeWorldIfIdle() {
@@ -288,6 +325,9 @@ void BindEngine(nb::module_& m) {
       .def("step", &PyEngine::Step)
       .def("gather_master", &PyEngine::GatherMaster, nb::arg("tensor"))
       .def("save_checkpoint", &PyEngine::SaveCheckpoint, nb::arg("dir"), nb::arg("client_json"))
+      .def("start_checkpoint", &PyEngine::StartCheckpoint, nb::arg("dir"), nb::arg("client_json"))
+      .def("finish_checkpoint", &PyEngine::FinishCheckpoint)
+      .def_prop_ro("checkpoint_in_progress", &PyEngine::checkpoint_in_progress)
       .def("load_checkpoint", &PyEngine::LoadCheckpoint, nb::arg("dir"))
       .def_prop_rw("lr", &PyEngine::learning_rate, &PyEngine::set_learning_rate)
       .def("close", &PyEngine::Close)

@@ -6,12 +6,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import List
 
 import pytest
 import torch
 
 import strata.torch as st
-from torch_engine_model import batches, config, loss_of, make_models, train_reference
+from torch_engine_model import batches, config, loss_of, make_external_models, make_models, train_reference
 
 # fp32 on both sides; the engine's SIMD Adam and torch's differ in rounding order only:
 # ~1e-7 per step on parameters of order 0.1-1, so 1e-5 over a few steps is ample and
@@ -103,6 +104,7 @@ def test_two_ranks_under_mpirun_match_torch_and_their_checkpoint_loads_on_one(io
                         str(ckpt)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ranks match torch" in r.stdout
+    assert "external parameters match torch" in r.stdout
     # Saved by two ranks at stage 3; loaded by this one at stage 1 (resharded).
     model, _ = make_models(seed=11)
     engine = st.initialize(model, config(1, "cpu", accumulation=2))
@@ -169,3 +171,188 @@ def test_checkpoint_misuse_is_refused_by_name(io_dir) -> None:
             engine.load_checkpoint(io_dir / "ckpt", tag="mine")
     finally:
         engine.close()
+
+
+
+def state_files(path: Path) -> List[bytes]:
+    """The checkpoint's state files (fp32 master, Adam m and v of every rank), as bytes."""
+    files = sorted(path.glob("*.bin"))
+    assert files, f"no state files in {path}"
+    return [f.read_bytes() for f in files]
+
+
+@pytest.mark.parametrize("stage,offload,param", [(1, "cpu", "none"), (3, "nvme", "nvme")])
+def test_an_async_save_equals_the_synchronous_one_and_training_goes_on_bit_for_bit(
+        stage: int, offload: str, param: str, io_dir) -> None:
+    data = batches(steps=5, micro=1, global_batch=8, seed=13)
+    cfg = config(stage, offload, param=param, nvme_path=str(io_dir))
+    engine = st.initialize(make_models(seed=13)[0], cfg)
+    try:  # no save at all
+        plain = train_engine(engine, data)
+        plain_masters = engine.master_params()
+    finally:
+        engine.close()
+    engine = st.initialize(make_models(seed=13)[0], cfg)
+    try:  # the synchronous save of step 2
+        train_engine(engine, data[:2])
+        engine.save_checkpoint(io_dir / "sync", client_state={"epoch": 1})
+    finally:
+        engine.close()
+    engine = st.initialize(make_models(seed=13)[0], cfg)
+    try:
+        losses = train_engine(engine, data[:2])
+        path = engine.save_checkpoint(io_dir / "async", client_state={"epoch": 1}, async_save=True)
+        assert path == str(io_dir / "async" / "global_step2") and engine.checkpoint_pending == path
+        # Written behind training: neither the directory nor latest is there before it finishes.
+        assert not Path(path).exists() and not (io_dir / "async" / "latest").exists()
+        losses += train_engine(engine, data[2:3])  # its step() finishes the save
+        assert engine.checkpoint_pending is None
+        assert (io_dir / "async" / "latest").read_text() == "global_step2"
+        losses += train_engine(engine, data[3:])
+        masters = engine.master_params()
+    finally:
+        engine.close()
+    assert losses == plain
+    for got, want in zip(masters, plain_masters):
+        assert torch.equal(got, want)
+    assert state_files(Path(path)) == state_files(io_dir / "sync" / "global_step2")
+    engine = st.initialize(make_models(seed=14)[0], cfg)  # other initial values
+    try:
+        assert engine.load_checkpoint(io_dir / "async") == (path, {"epoch": 1})
+        assert engine.global_steps == 2
+        again = train_engine(engine, data[2:])
+        resumed = engine.master_params()
+    finally:
+        engine.close()
+    assert again == plain[2:]
+    for got, want in zip(resumed, plain_masters):
+        assert torch.equal(got, want)
+
+
+def test_what_finishes_an_async_save(io_dir) -> None:
+    data = batches(steps=2, micro=2, global_batch=8, seed=15)
+    engine = st.initialize(make_models(seed=15)[0], config(2, "cpu", accumulation=2))
+    try:
+        train_engine(engine, data[:1])
+        a = engine.save_checkpoint(io_dir / "c", tag="a", async_save=True)
+        # Another save finishes the pending one first: at most one is in flight.
+        b = engine.save_checkpoint(io_dir / "c", tag="b", async_save=True)
+        assert Path(a).is_dir() and not Path(b).exists()
+        assert (io_dir / "c" / "latest").read_text() == "a"
+        assert engine.wait_checkpoint() == b and engine.wait_checkpoint() is None
+        assert Path(b).is_dir() and (io_dir / "c" / "latest").read_text() == "b"
+        # A step inside an accumulation window does not finish it; the one ending it does.
+        d = engine.save_checkpoint(io_dir / "c", tag="d", async_save=True)
+        x, y = data[1][0]
+        engine.backward(loss_of(engine(x), y))
+        assert engine.step() is None and engine.checkpoint_pending == d
+        with pytest.raises(RuntimeError, match="inside an accumulation window"):
+            engine.wait_checkpoint()
+        engine.backward(loss_of(engine(x), y))
+        report = engine.step()
+        assert report["checkpoint"]["path"] == d and report["checkpoint"]["stalled_s"] >= 0
+        assert Path(d).is_dir() and engine.checkpoint_pending is None
+        # load_checkpoint finishes it, then loads what latest names: this very save.
+        e = engine.save_checkpoint(io_dir / "c", tag="e", async_save=True)
+        assert engine.load_checkpoint(io_dir / "c") == (e, {})
+        f = engine.save_checkpoint(io_dir / "c", tag="f", async_save=True)
+    finally:
+        engine.close()  # finishes f
+    assert Path(f).is_dir() and (io_dir / "c" / "latest").read_text() == "f"
+
+
+def test_a_failed_save_names_its_directory_and_training_goes_on(io_dir) -> None:
+    data = batches(steps=4, micro=1, global_batch=8, seed=16)
+    cfg = config(2, "cpu")
+    engine = st.initialize(make_models(seed=16)[0], cfg)
+    try:
+        plain = train_engine(engine, data)
+    finally:
+        engine.close()
+    blocker = io_dir / "a-file"
+    blocker.write_text("not a directory")
+    engine = st.initialize(make_models(seed=16)[0], cfg)
+    try:
+        train_engine(engine, data[:1])
+        for async_save in (False, True):  # refused as it starts
+            with pytest.raises(NotADirectoryError) as refused:
+                engine.save_checkpoint(blocker / "ckpt", async_save=async_save)
+            assert refused.value.filename == str(blocker / "ckpt" / "global_step1")
+            assert engine.checkpoint_pending is None
+        engine.save_checkpoint(io_dir / "ckpt", tag="good")
+        # A failure of the background writes is raised by the step() that finishes the save.
+        path = engine.save_checkpoint(io_dir / "ckpt", async_save=True)
+        (tmp,) = (io_dir / "ckpt").glob("global_step1.tmp-*")
+        tmp.rename(io_dir / "gone")  # the disk loses the unfinished save
+        with pytest.raises(OSError) as failed:
+            train_engine(engine, data[1:2])
+        assert failed.value.filename == path and path in str(failed.value)
+        assert not Path(path).exists() and (io_dir / "ckpt" / "latest").read_text() == "good"
+        assert engine.checkpoint_pending is None and engine.global_steps == 2  # the step was taken
+        after = train_engine(engine, data[2:])
+        assert engine.save_checkpoint(io_dir / "ckpt", async_save=True) == str(io_dir / "ckpt" / "global_step4")
+        assert engine.wait_checkpoint() == str(io_dir / "ckpt" / "global_step4")
+    finally:
+        engine.close()
+    assert after == plain[2:]
+
+
+@pytest.mark.parametrize("stage,offload,param", [(3, "cpu", "cpu"), (3, "nvme", "nvme"), (2, "cpu", "none")])
+def test_parameters_read_outside_their_module_match_torch(stage: int, offload: str, param: str, io_dir) -> None:
+    model, ref = make_external_models(seed=17)
+    st.register_external_parameter(model, model.wte.weight)
+    data = batches(steps=12, micro=1, global_batch=8, seed=18)
+    engine = st.initialize(model, config(stage, offload, param=param, nvme_path=str(io_dir)))
+    try:
+        losses = train_engine(engine, data)
+        masters = engine.master_params()
+        if stage == 3:  # released again once the forward and backward are done,
+            assert model.wte.weight.numel() == 0 and model.pos_emb.numel() == 0
+            with torch.no_grad():  # and after a forward without autograd too
+                engine(data[0][0][0])
+            assert model.wte.weight.numel() == 0 and model.mid.weight.numel() == 0
+    finally:
+        engine.close()
+    ref_losses = train_reference(ref, data)
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    assert len(masters) == len(list(ref.parameters()))
+    for got, want in zip(masters, ref.parameters()):
+        assert (got - want.detach()).abs().max().item() < ATOL
+
+
+def test_a_released_parameter_read_in_the_forward_is_refused_by_name() -> None:
+    model, _ = make_external_models(seed=19)  # the tied head not registered
+    (x, y), = batches(steps=1, micro=1, global_batch=8)[0]
+    engine = st.initialize(model, config(3, "cpu"))
+    try:
+        with pytest.raises(RuntimeError, match=r"'wte.weight' is read by linear in the forward of 'model'.*"
+                                               r"register_external_parameter\(model, model.wte.weight\)"):
+            engine(x)
+    finally:
+        engine.close()
+
+    class Penalised(torch.nn.Module):
+        """A forward that would compute with an empty tensor without a word: (w ** 2).sum() is 0."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.Sequential(torch.nn.Embedding(32, 16), torch.nn.Linear(16, 32))
+
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            return self.inner(t) + (self.inner[1].weight ** 2).sum()
+
+    model = Penalised()
+    engine = st.initialize(model, config(3, "cpu"))
+    try:
+        with pytest.raises(RuntimeError, match=r"'inner.1.weight' is read by .* in the forward of 'model' .*"
+                                               r"held by inner.1"):
+            engine(x)
+        with pytest.raises(RuntimeError, match="before initialize"):
+            st.register_external_parameter(model, model.inner[1].weight)
+    finally:
+        engine.close()
+    other = torch.nn.Linear(2, 2)
+    fresh = Penalised()
+    st.register_external_parameter(fresh, other.weight)
+    with pytest.raises(ValueError, match="not a parameter of the model"):
+        st.initialize(fresh, config(3, "cpu"))

@@ -33,6 +33,31 @@ class CheckpointedModel(TiedModel):
         return self.head(self.out(h))
 
 
+class ExternalModel(torch.nn.Module):
+    """Parameters read outside their module's forward: a position embedding held by the
+    root itself, and an LM head tied to the token embedding written as a function of
+    its weight in the root's forward (GPT-2's style), not as a module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wte = torch.nn.Embedding(VOCAB, WIDTH)
+        self.pos_emb = torch.nn.Parameter(torch.randn(SEQ, WIDTH) * 0.1)
+        self.mid = torch.nn.Linear(WIDTH, WIDTH)
+        self.out = torch.nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.mid(self.wte(x) + self.pos_emb))
+        return torch.nn.functional.linear(self.out(h), self.wte.weight)
+
+
+def make_external_models(seed: int = 0) -> Tuple[ExternalModel, ExternalModel]:
+    """ExternalModel and a plain copy of it, in named_parameters order (the engine's)."""
+    torch.manual_seed(seed)
+    m = ExternalModel()
+    ref = copy.deepcopy(m)
+    return m, ref
+
+
 def make_models(seed: int = 0, checkpointed: bool = False) -> Tuple[TiedModel, TiedModel]:
     """The model to train and a plain copy of it (the reference computes without recompute)."""
     torch.manual_seed(seed)
