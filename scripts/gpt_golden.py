@@ -6,9 +6,14 @@ of a tiny decoder-only transformer, and this script stores its weights, one batc
 logits, the loss and every parameter gradient. tests/model/gpt_kernels_test.cc rebuilds
 the model from strata's kernels and compares.
 
-Usage: scripts/gpt_golden.py [OUT]   (default tests/data/gpt_golden.bin; run with
-python/.venv/bin/python or any python3 that has torch). Deterministic: fixed seeds, one
-thread.
+Usage: scripts/gpt_golden.py [--bf16] [OUT]   (default tests/data/gpt_golden.bin, or
+tests/data/gpt_golden_bf16.bin with --bf16; run with python/.venv/bin/python or any
+python3 that has torch). Deterministic: fixed seeds, one thread.
+
+--bf16: the same model with every parameter rounded to bf16 first (round to nearest even)
+and then run in fp32: what strata's GPT computes with bf16 parameters (16-bit weights,
+fp32 activations and sums; include/strata/gpt.h). The file stores the rounded values.
+This is not torch autocast, which would also round activations.
 
 The model: token + learned position embeddings; n_layer pre-LayerNorm blocks
 x = x + proj(attn(ln1(x))), x = x + fcproj(gelu_tanh(fc(ln2(x)))); a final LayerNorm;
@@ -115,11 +120,18 @@ def init_(model, gen):
 
 
 def main():
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent.parent / "tests/data/gpt_golden.bin"
+    args = [a for a in sys.argv[1:] if a != "--bf16"]
+    bf16 = len(args) < len(sys.argv) - 1
+    default = "tests/data/gpt_golden_bf16.bin" if bf16 else "tests/data/gpt_golden.bin"
+    out = Path(args[0]) if args else Path(__file__).parent.parent / default
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(20240521)
     model = Gpt()
     init_(model, gen)
+    if bf16:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).to(torch.float32))
     seq = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=gen)
     tokens, targets = seq[:, :SEQ].contiguous(), seq[:, 1:].contiguous()
     logits, loss = model(tokens, targets)
