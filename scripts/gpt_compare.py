@@ -88,6 +88,9 @@ def main() -> int:
     ap.add_argument("--torch-threads", type=int, default=0,
                     help="torch.set_num_threads for the peer (default: the cores); OpenBLAS keeps its own "
                          "pool of OPENBLAS_NUM_THREADS (default: every core it may run on)")
+    ap.add_argument("--scheduler", default="",
+                    help="a DeepSpeed config whose \"scheduler\" block both sides follow (the peer: "
+                         "scripts/ds_lr_schedule.py); the logged rates must agree exactly")
     ap.add_argument("--out-dir", default="")
     ap.add_argument("--check-steps", type=int, default=5, help="early steps whose losses must agree")
     ap.add_argument("--tolerance", type=float, default=1e-5, help="relative, for the early losses")
@@ -106,8 +109,11 @@ def main() -> int:
     if args.threads > 0:
         pin = ["taskset", "-c", ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[: args.threads])]
     config = out / "config.json"
-    config.write_text(json.dumps({"seed": args.seed, "gradient_clipping": args.clip,
-                                  "optimizer": {"type": "AdamW", "params": {"weight_decay": args.weight_decay}}}) + "\n")
+    settings = {"seed": args.seed, "gradient_clipping": args.clip,
+                "optimizer": {"type": "AdamW", "params": {"weight_decay": args.weight_decay}}}
+    if args.scheduler:
+        settings["scheduler"] = json.loads(Path(args.scheduler).read_text())["scheduler"]
+    config.write_text(json.dumps(settings) + "\n")
     s_log, t_log = out / "strata.jsonl", out / "torch.jsonl"
     run(pin + [args.strata, "train", "--model", "gpt", "--config", str(config), "--data", args.data, *shared,
                "--sample", "0", "--log", str(s_log), *extra], "strata")
@@ -115,7 +121,7 @@ def main() -> int:
     torch_threads = args.torch_threads or threads
     run(pin + [args.python, str(ROOT / "scripts/gpt_torch_peer.py"), "--train", "--data", args.data, *shared,
                "--seed", str(args.seed), "--clip", str(args.clip), "--weight-decay", str(args.weight_decay),
-               "--threads", str(torch_threads), "--log", str(t_log)], "PyTorch")
+               "--threads", str(torch_threads), "--config", str(config), "--log", str(t_log)], "PyTorch")
     subprocess.run([args.python, str(ROOT / "scripts/plot"), str(s_log), str(t_log), "--out", str(out / "loss.png")],
                    check=False)
 
@@ -126,6 +132,7 @@ def main() -> int:
     worst_early = max((rel(s_steps[i]["loss"], t_steps[i]["loss"]) for i in early), default=float("nan"))
     worst_all = max((rel(s_steps[i]["loss"], t_steps[i]["loss"]) for i in all_steps), default=float("nan"))
     worst_val = max((rel(s_vals[i], t_vals[i]) for i in s_vals if i in t_vals), default=float("nan"))
+    lr_diff = max((abs(s_steps[i]["lr"] - t_steps[i]["lr"]) for i in all_steps), default=0.0)
 
     def speed(steps):
         rates = [steps[i]["tokens_per_s"] for i in sorted(steps) if i > args.skip]
@@ -141,6 +148,7 @@ def main() -> int:
         "max_rel_loss_diff_first_steps": worst_early,
         "max_rel_loss_diff_all_steps": worst_all,
         "max_rel_val_loss_diff": worst_val,
+        "max_lr_diff": lr_diff,
         "strata_tokens_per_s": speed(s_steps),
         "torch_tokens_per_s": speed(t_steps),
     }
@@ -151,8 +159,9 @@ def main() -> int:
               f"{worst_all:.2e}; validation {worst_val:.2e}")
         print(f"tokens/s (median after {args.skip} steps, {threads} cores, torch threads {torch_threads}): strata "
               f"{summary['strata_tokens_per_s']:.0f}, PyTorch {summary['torch_tokens_per_s']:.0f}")
+        print(f"learning rates: largest difference {lr_diff:.3g} over {len(all_steps)} steps")
         print(f"logs and plot in {out}")
-    return 0 if worst_early <= args.tolerance else 1
+    return 0 if worst_early <= args.tolerance and lr_diff == 0 else 1
 
 
 if __name__ == "__main__":

@@ -39,7 +39,9 @@ What is replicated, and from where (keep in step with the C++):
             gradient), bias-corrected, eps added after sqrt(v) / sqrt(1 - beta2^t); one
             group, every parameter decayed (the tied wte is one parameter). Defaults as
             strata's config (include/strata/config.h): betas 0.9, 0.999, eps 1e-8,
-            weight decay 0.01. Constant learning rate.
+            weight decay 0.01. The learning rate: --lr, or per step the schedule of
+            --config's DeepSpeed "scheduler" block (scripts/ds_lr_schedule.py, as
+            include/strata/lr_schedule.h; every fp32 step is applied).
   Clipping  --clip C > 0: torch.nn.utils.clip_grad_norm_ (coefficient C / (norm + 1e-6),
             applied when below 1), as src/zero/engine_update.cc.
   Loss      the logged loss of step s is the mean token loss of its batch before that
@@ -71,6 +73,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ds_lr_schedule  # noqa: E402  (beside this script)
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -297,10 +302,23 @@ class Peer:
         )
         self.data_seed = args.seed + 1 if args.data_seed is None else args.data_seed
         self.accum = args.gradient_accumulation_steps
+        self.schedule = None
+        if args.config:
+            self.schedule = json.loads(Path(args.config).read_text()).get("scheduler")
+            try:
+                ds_lr_schedule.check(self.schedule)
+            except ValueError as e:
+                raise SystemExit(f"--config {args.config}: {e}") from None
+
+    def lr(self, step: int) -> float:
+        """The rate of training step `step` (0-based): every step is applied (fp32)."""
+        return ds_lr_schedule.rate_at(self.schedule, step, self.args.lr)
 
     def step(self, step: int):
         """Training step `step` (0-based): (loss before the update, grad norm)."""
         b, t, accum = self.args.micro_batch, self.args.seq, self.accum
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr(step)
         self.opt.zero_grad(set_to_none=False)
         loss_sum = 0.0
         for m in range(accum):
@@ -348,7 +366,7 @@ def run_train(peer: Peer, args) -> None:
         t0 = time.perf_counter()
         loss, norm = peer.step(s)
         sec = time.perf_counter() - t0
-        write({"step": s + 1, "loss": loss, "lr": args.lr, "tokens_per_s": tokens_per_step / sec,
+        write({"step": s + 1, "loss": loss, "lr": peer.lr(s), "tokens_per_s": tokens_per_step / sec,
                "seconds": sec, "grad_norm": norm})
         print(f"step {s + 1:5d}/{args.steps}  loss {loss:.6f}  {tokens_per_step / sec:.0f} tokens/s", flush=True)
         last = s + 1 == args.steps
@@ -404,7 +422,8 @@ def parse_args(argv=None):
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--gradient-accumulation-steps", type=int, default=1)
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=1e-3, help="the base rate (a schedule's peak)")
+    p.add_argument("--config", default="", help="a DeepSpeed config: its scheduler block sets the rate per step")
     p.add_argument("--beta1", type=float, default=0.9)
     p.add_argument("--beta2", type=float, default=0.999)
     p.add_argument("--eps", type=float, default=1e-8)

@@ -9,6 +9,8 @@ C++ changes on purpose, regenerate them the same way and update the peer with it
 from __future__ import annotations
 
 import json
+import os
+import re
 import struct
 import subprocess
 import sys
@@ -84,3 +86,50 @@ def test_a_tiny_run_matches_strata_losses(tmp_path):
         assert g == pytest.approx(w, rel=1e-5)
     step = lines[1]
     assert set(step) >= {"step", "loss", "lr", "tokens_per_s", "seconds"} and step["lr"] == 1e-2
+
+
+# Each schedule's rates for 12 steps, warmups of 4 (log and linear) and totals of 9, so
+# that the warmup, the decay or cosine and the hold after the total all show.
+SCHEDULES = [
+    {"type": "WarmupLR", "params": {"warmup_min_lr": 0.001, "warmup_max_lr": 0.01, "warmup_num_steps": 4}},
+    {"type": "WarmupLR", "params": {"warmup_num_steps": 4, "warmup_type": "linear"}},
+    {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.02, "warmup_num_steps": 4,
+                                         "total_num_steps": 9, "warmup_type": "linear"}},
+    {"type": "WarmupCosineLR", "params": {"total_num_steps": 9, "warmup_num_steps": 4,
+                                          "warmup_min_ratio": 0.1, "cos_min_ratio": 0.05}},
+]
+
+
+def strata_binary() -> Path:
+    path = Path(os.environ.get("STRATA_BINARY") or SCRIPTS.parent / "build/src/strata")
+    if not path.exists():
+        pytest.skip(f"no strata binary at {path}: build it (ctest sets STRATA_BINARY)")
+    return path
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: s["type"] + "-" + s["params"].get("warmup_type", "log"))
+def test_the_peer_follows_strata_schedules_to_the_bit(tmp_path, schedule):
+    text = bytes(range(32, 127)) * 60
+    write_tokens(tmp_path / "train.tokens", list(text[:4500]))
+    write_tokens(tmp_path / "val.tokens", list(text[4500:]))
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"scheduler": schedule}))
+    log = tmp_path / "strata.jsonl"
+    subprocess.run([str(strata_binary()), "train", "--data", str(tmp_path), "--config", str(config), "--n-layer", "1",
+                    "--n-head", "2", "--n-embd", "16", "--seq", "16", "--micro-batch", "2", "--steps", "12",
+                    "--lr", "0.005", "--eval-every", "0", "--eval-batches", "1", "--sample", "0",
+                    "--nvme-path", str(tmp_path / "swap"), "--log", str(log)],
+                   check=True, capture_output=True, timeout=300)
+    want = [x["lr"] for x in map(json.loads, log.read_text().splitlines()) if "lr" in x]
+    assert len(want) == 12
+    got = [peer.ds_lr_schedule.rate_at(schedule, s, 0.005) for s in range(12)]
+    assert got == want
+    assert len(set(want)) >= 4, "the schedule must move"
+
+
+def test_the_peer_refuses_a_schedule_it_cannot_follow(tmp_path):
+    for bad, says in [({"type": "OneCycle", "params": {}}, "the peer follows WarmupLR"),
+                      ({"type": "WarmupLR", "params": {"warmup_steps": 3}}, "unknown key(s) ['warmup_steps']"),
+                      ({"type": "WarmupDecayLR", "params": {}}, "needs scheduler.params.total_num_steps")]:
+        with pytest.raises(ValueError, match=re.escape(says)):
+            peer.ds_lr_schedule.check(bad)
