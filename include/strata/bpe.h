@@ -14,6 +14,9 @@
 //    unique and in [0, 2^31), each merge names two tokens whose concatenation is in the
 //    vocabulary. Errors name the file, the line or token, and what is wrong: NotFound
 //    for a missing file, InvalidArgument for the rest.
+//  - Encode of a text over 1 MiB cuts it into blocks of about 256 KiB where no piece can
+//    cross (after a newline that a printable non-space ASCII character follows) and
+//    encodes them on the caller's oneTBB arena; the tokens are those of one pass.
 //  - Thread-safety: Encode caches pieces it has merged, so one thread at a time may call
 //    Encode on an object; Decode, vocab_size and the accessors are const and may be
 //    called from any thread.
@@ -34,6 +37,7 @@ inline constexpr char kBpeVocabFile[] = "vocab.json";
 inline constexpr char kBpeMergesFile[] = "merges.txt";
 
 struct BpeTables;  // src/model/bpe_tables.h
+class BpeEncoder;  // src/model/bpe.cc
 
 class BpeTokenizer {
  public:
@@ -57,6 +61,7 @@ class BpeTokenizer {
  private:
   explicit BpeTokenizer(std::unique_ptr<BpeTables> t);
   std::unique_ptr<BpeTables> t_;
+  std::unique_ptr<BpeEncoder> encoder_;  // Encode's state for text encoded on the caller's thread
 };
 
 // The tokenizer that `strata data prepare --bpe DIR` keeps beside its token files:

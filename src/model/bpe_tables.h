@@ -30,11 +30,9 @@ struct BpeTables {
     int32_t result = 0;  // the id of the two tokens joined
   };
   std::unordered_map<uint64_t, Merge> merges;  // by PairKey(left, right)
-  // Pieces already merged (their bytes -> ids); cleared when it grows past a bound.
-  std::unordered_map<std::string, std::vector<int32_t>> cache;
-  // PCRE2's compiled pattern and match data (bpe.cc owns their lifetime).
+  // PCRE2's compiled pattern (bpe.cc owns its lifetime); matching with it is thread-safe,
+  // each thread with match data of its own.
   void* pattern = nullptr;
-  void* match_data = nullptr;
   ~BpeTables();
 
   static uint64_t PairKey(int32_t left, int32_t right) {

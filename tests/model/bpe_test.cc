@@ -110,6 +110,26 @@ TEST(Bpe, RandomTextRoundTrips) {
   }
 }
 
+// A text over 1 MiB is encoded in blocks on several threads: a unit that starts with a
+// letter and ends with a newline has whitespace runs before its newlines (where a
+// cut in the wrong place would change the pieces), so its tokens repeated are the
+// tokens of the repeated text only if the blocks join exactly.
+TEST(Bpe, LongTextsEncodeInBlocksAsOnePass) {
+  BpeTokenizer t = Gold();
+  const std::string unit = "Hello   world,  it's 1984!  \n\n   naïve\t \n";
+  Result<std::vector<int32_t>> one = t.Encode(unit);
+  ASSERT_TRUE(one.ok());
+  std::string text;
+  std::vector<int32_t> want;
+  while (text.size() < (3u << 20)) {
+    text += unit;
+    want.insert(want.end(), one->begin(), one->end());
+  }
+  Result<std::vector<int32_t>> all = t.Encode(text);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_TRUE(*all == want) << "the blocks of a " << text.size() << "-byte text do not join as one pass";
+}
+
 TEST(Bpe, InvalidUtf8IsRefusedWithItsOffset) {
   BpeTokenizer t = Gold();
   for (const auto& [text, at] : std::vector<std::pair<std::string, int>>{{"abc\xff", 3},
