@@ -45,14 +45,14 @@ import atexit
 import json
 import os
 import sys
-import warnings
 import weakref
 from typing import Any, Dict, List, Optional, Union
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from . import _strata
+from ._checkpoints import _Checkpoints, _PendingSave
+from ._gather import _ModuleHooks
 
 __all__ = ["initialize", "Engine", "register_external_parameter"]
 
@@ -117,7 +117,7 @@ def _declare(model: torch.nn.Module):
     return params, names, modules, module_names, module_tensors
 
 
-class Engine:
+class Engine(_ModuleHooks, _Checkpoints):
     """Trains ``model`` with the strata engine; see the module's documentation."""
 
     def __init__(self, model: torch.nn.Module, config: Dict[str, Any]):
@@ -146,97 +146,10 @@ class Engine:
         self._module_tensors = module_tensors
         self._micro = 0
         self.global_steps = 0  # step() calls that ended an accumulation window
-        # Stage 3: per module, the backward fetches whose release waits for its gradients,
-        # and the parameters still to hand theirs in; releases due after a gradient hook.
-        self._open_backward = [0] * len(modules)
-        self._grads_due = [set() for _ in modules]
-        self._releases_due: List[int] = []
-        self._owners = [[m for m, ids in enumerate(module_tensors) if t in ids] for t in range(len(params))]
-        # Stage 3: per tensor, the fetches of modules holding it not yet released. A tensor
-        # held by a module and by one of its children (an external parameter) keeps its
-        # data until both let go.
-        self._holds = [0] * len(params)
-        self._tensor_of = {id(p): t for t, p in enumerate(params)}
-        self._check = _ReleasedCheck(self) if self._stage3 else None
         self._pending: Optional[_PendingSave] = None  # the save_checkpoint(async_save=True) in flight
-        self._hooks = []
-        for index, module in enumerate(modules):
-            self._hooks.append(module.register_forward_pre_hook(self._make_fetch(index)))
-            self._hooks.append(module.register_forward_hook(self._make_release(index)))
-        for tensor, p in enumerate(params):
-            self._hooks.append(p.register_hook(self._make_grad(tensor)))
-            if self._stage3:  # the engine holds the shards; a module's forward gathers them
-                p.data = torch.empty(0, dtype=p.dtype)
+        self._install_hooks()
         _declared.update(model.modules())
         _live_engines.add(self)
-
-    # --- hooks -------------------------------------------------------------------------
-    def _point(self, index: int, views) -> None:
-        """Makes the module's parameters views of the engine's compute copies (at stages
-        0-2 they stay put, so this changes them only at the first forward)."""
-        for tensor, view in zip(self._module_tensors[index], views):
-            p = self._params[tensor]
-            self._holds[tensor] += 1
-            if p.data.data_ptr() != view.data_ptr():
-                p.data = view
-
-    def _unpoint(self, index: int) -> None:
-        """Stage 3, after a release: the released chunks may be refilled, so a parameter
-        that no module holds any more lets go of them."""
-        for tensor in self._module_tensors[index]:
-            self._holds[tensor] -= 1
-            if self._holds[tensor] == 0:
-                p = self._params[tensor]
-                p.data = torch.empty(0, dtype=p.dtype)
-
-    def _make_fetch(self, index: int):
-        def hook(module, inputs):
-            self._release_due()
-            self._point(index, self._engine.fetch(index))
-        return hook
-
-    def _make_release(self, index: int):
-        def hook(module, inputs, output):
-            self._engine.release(index)
-            if not self._stage3:
-                return None
-            self._unpoint(index)  # under no_grad too: the chunks may be refilled all the same
-            if not torch.is_grad_enabled():
-                return None
-            return _wrap_outputs(output, lambda: self._before_backward(index))
-        return hook
-
-    def _before_backward(self, index: int) -> None:
-        """Stage 3, before the module's backward: gather its parameters again. They are
-        released once every one of them has handed its gradient in."""
-        self._release_due()
-        self._point(index, self._engine.fetch(index))
-        self._open_backward[index] += 1
-        self._grads_due[index] = {t for t in self._module_tensors[index] if self._params[t].requires_grad}
-
-    def _release_due(self) -> None:
-        # After a gradient hook torch still adds the gradient into .grad, which needs the
-        # parameter's shape: the release waits for the next call.
-        for index in self._releases_due:
-            for _ in range(self._open_backward[index]):
-                self._engine.release(index)
-                self._unpoint(index)
-            self._open_backward[index] = 0
-        self._releases_due = []
-
-    def _make_grad(self, tensor: int):
-        def hook(grad: torch.Tensor):
-            self._release_due()
-            self._engine.accumulate_grad(tensor, grad.detach().contiguous())
-            if not self._stage3:
-                return
-            for index in self._owners[tensor]:
-                due = self._grads_due[index]
-                if tensor in due:
-                    due.discard(tensor)
-                    if not due and self._open_backward[index]:
-                        self._releases_due.append(index)
-        return hook
 
     # --- training ----------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -273,113 +186,6 @@ class Engine:
             path = self._pending.path
             report["checkpoint"] = dict(path=path, **self._finish_save())
         return report
-
-    # --- checkpoints (DeepSpeed's engine calls) -------------------------------------------
-    def save_checkpoint(self, save_dir: Union[str, os.PathLike], tag: Any = None,
-                        client_state: Dict[str, Any] = None, save_latest: bool = True, *,
-                        async_save: bool = False) -> str:
-        """Saves the training state into ``save_dir/tag`` (default ``global_step<N>``, N
-        the steps taken) and returns that path; collective. ``client_state`` (a JSON
-        dict) comes back from ``load_checkpoint``; ``save_latest`` writes the tag into
-        ``save_dir/latest``, as DeepSpeed does. The format, its crash safety and its
-        checksums are strata's (docs/checkpoints.md): the fp32 master, Adam's moments,
-        the step counts, the loss scaler and the learning rate, from whichever tier holds
-        them. Call it between ``step()`` and the next micro-batch.
-
-        ``async_save=True`` returns once the engine knows where each block of the state
-        is; a worker writes the files while training goes on (the optimizer waits only
-        for blocks the save has not read yet), and the next ``step()`` that ends an
-        accumulation window finishes it, as DeepSpeed's decoupled checkpoint engine
-        commits in ``step()``. ``wait_checkpoint()``, ``load_checkpoint``, another
-        ``save_checkpoint`` and ``close()`` finish it too. The state saved is the one of
-        this call, whatever training does meanwhile. ``save_dir/tag`` and ``latest``
-        appear only once the save is complete on every rank (a crash before leaves the
-        previous checkpoint and ``latest`` as they were); an error of the background
-        writes is raised where the save is finished, naming ``save_dir/tag``. It is a
-        keyword of this call rather than a config key (DeepSpeed's
-        ``checkpoint.writer.decoupled``) so that one engine can save both ways: behind
-        training during the run, and synchronously at its end. A save still in flight is
-        finished (its error raised, this one not started) before a new one starts, so at
-        most one is pending and ``latest`` follows the order of the calls."""
-        if self._micro:
-            raise RuntimeError("strata.torch: save_checkpoint inside an accumulation window "
-                               f"({self._micro} of {self._engine.gradient_accumulation_steps} micro-batches "
-                               "done); call it after step()")
-        try:
-            state = json.dumps({"client_state": client_state or {}, "global_steps": self.global_steps})
-        except TypeError as e:
-            raise TypeError(f"strata.torch.save_checkpoint: client_state must be JSON: {e}") from None
-        tag = f"global_step{self.global_steps}" if tag is None else str(tag)
-        path = os.path.join(os.fspath(save_dir), tag)
-        self.wait_checkpoint()
-        if async_save:
-            self._engine.start_checkpoint(path, state)
-            self._pending = _PendingSave(path, os.fspath(save_dir), tag, save_latest)
-            return path
-        self._engine.save_checkpoint(path, state)
-        if save_latest:
-            self._write_latest(os.fspath(save_dir), tag)
-        return path
-
-    def wait_checkpoint(self) -> Optional[str]:
-        """Finishes the save started with ``save_checkpoint(..., async_save=True)``, if one
-        is in flight, and returns its path (None when there was none). Collective; call
-        it between ``step()`` and the next micro-batch. A failed save raises (OSError,
-        RuntimeError, ...) naming its directory, which is left as it was; training may go
-        on."""
-        if self._pending is None:
-            return None
-        if self._micro:
-            raise RuntimeError(f"strata.torch: wait_checkpoint inside an accumulation window ({self._micro} of "
-                               f"{self._engine.gradient_accumulation_steps} micro-batches done); call it after "
-                               f"step() (which finishes the save into {self._pending.path} itself)")
-        path = self._pending.path
-        self._finish_save()
-        return path
-
-    @property
-    def checkpoint_pending(self) -> Optional[str]:
-        """The path of the save in flight (``async_save=True``) not yet finished, or None."""
-        return None if self._pending is None else self._pending.path
-
-    def _finish_save(self) -> Dict[str, float]:
-        pending, self._pending = self._pending, None
-        times = self._engine.finish_checkpoint()
-        if pending.save_latest:
-            self._write_latest(pending.save_dir, pending.tag)
-        return times
-
-    def _write_latest(self, save_dir: str, tag: str) -> None:
-        if self.rank != 0:
-            return
-        latest = os.path.join(save_dir, "latest")
-        with open(latest + ".tmp", "w", encoding="utf-8") as f:
-            f.write(tag)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(latest + ".tmp", latest)
-
-    def load_checkpoint(self, load_dir: Union[str, os.PathLike], tag: Any = None):
-        """Loads ``load_dir/tag`` (default: the tag in ``load_dir/latest``) into the
-        engine and returns ``(path, client_state)``, or ``(None, None)`` when there is no
-        ``latest`` to follow (a fresh start, as DeepSpeed). Collective. A save in flight
-        is finished first. The checkpoint may come from another number of ranks, stage,
-        offload or chunk size: it is resharded as it loads. A checkpoint of another model
-        is refused naming the tensor."""
-        self.wait_checkpoint()
-        load_dir = os.fspath(load_dir)
-        if tag is None:
-            latest = os.path.join(load_dir, "latest")
-            if not os.path.isfile(latest):
-                return None, None
-            with open(latest, encoding="utf-8") as f:
-                tag = f.read().strip()
-        path = os.path.join(load_dir, str(tag))
-        state, step_calls, _ = self._engine.load_checkpoint(path)
-        saved = json.loads(state)
-        self.global_steps = int(saved.get("global_steps", step_calls))
-        self._micro = 0
-        return path, saved.get("client_state", {})
 
     @property
     def lr(self) -> float:
@@ -438,102 +244,6 @@ class _Closed:
 
     def __getattr__(self, name: str):
         raise RuntimeError(f"strata.torch: the engine was closed (engine.{name})")
-
-
-class _PendingSave:
-    """A save started with async_save=True: where it goes and what finishing it writes."""
-
-    def __init__(self, path: str, save_dir: str, tag: str, save_latest: bool) -> None:
-        self.path, self.save_dir, self.tag, self.save_latest = path, save_dir, tag, save_latest
-
-
-# Calls that read no parameter data: metadata, and the hooks' own moves of ``.data``.
-_NO_DATA = {torch.Tensor.size, torch.Tensor.dim, torch.Tensor.numel, torch.Tensor.element_size,
-            torch.Tensor.data_ptr, torch.Tensor.is_floating_point, torch.Tensor.is_contiguous,
-            torch.Tensor.__repr__, torch.Tensor.__format__, torch.Tensor.register_hook}
-
-
-class _ReleasedCheck(TorchFunctionMode):
-    """Stage 3, during the forward: refuses a torch call that reads a parameter no
-    module holds at that moment (its data is an empty tensor then, and some calls would
-    compute with it silently: ``(w ** 2).sum()`` is 0)."""
-
-    def __init__(self, engine: "Engine") -> None:
-        super().__init__()
-        self._engine = engine
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func not in _NO_DATA and getattr(func, "__name__", "") not in ("__get__", "__set__"):
-            for a in args:
-                self._refuse_released(a, func)
-                if isinstance(a, (list, tuple)):
-                    for b in a:
-                        self._refuse_released(b, func)
-            for a in kwargs.values():
-                self._refuse_released(a, func)
-        return func(*args, **kwargs)
-
-    def _refuse_released(self, a, func) -> None:
-        if type(a) is not torch.nn.Parameter:
-            return
-        e = self._engine
-        tensor = e._tensor_of.get(id(a))
-        if tensor is None or e._holds[tensor] > 0:
-            return
-        holders = [n for n, ids in zip(e._module_names, e._module_tensors) if tensor in ids]
-        user = _forward_module(e.module)
-        target = "model" if user in (None, "model") else f"model.{user}"
-        name = e._names[tensor]
-        raise RuntimeError(
-            f"strata.torch: parameter {name!r} is read by {getattr(func, '__qualname__', func)} in the forward "
-            f"of {user or 'the model'!r} while no module holding it runs (held by {', '.join(holders)}), so at "
-            f"stage 3 it has no data there; declare the use before initialize: "
-            f"strata.torch.register_external_parameter({target}, model.{name})")
-
-
-def _forward_module(model: torch.nn.Module) -> Optional[str]:
-    """The name of the innermost module of ``model`` whose forward is on the stack."""
-    names = {id(m): n or "model" for n, m in model.named_modules()}
-    frame = sys._getframe(1)
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if frame.f_code.co_name == "forward" and id(owner) in names:
-            return names[id(owner)]
-        frame = frame.f_back
-    return None
-
-
-class _BeforeBackward(torch.autograd.Function):
-    """Identity on a module's outputs whose backward runs just before the module's own:
-    there, stage 3 gathers the module's parameters again (torch 1.13 has no module
-    backward pre-hook)."""
-
-    @staticmethod
-    def forward(ctx, callback, *tensors):  # type: ignore[override]
-        ctx.callback = callback
-        return tuple(t.view_as(t) for t in tensors)
-
-    @staticmethod
-    def backward(ctx, *grads):  # type: ignore[override]
-        ctx.callback()
-        return (None, *grads)
-
-
-def _wrap_outputs(output, callback):
-    """The module's output with its differentiable tensors routed through _BeforeBackward."""
-    if isinstance(output, torch.Tensor):
-        return _BeforeBackward.apply(callback, output)[0] if output.requires_grad else output
-    if isinstance(output, (tuple, list)):
-        picks = [i for i, t in enumerate(output) if isinstance(t, torch.Tensor) and t.requires_grad]
-        if not picks:
-            return output
-        wrapped = _BeforeBackward.apply(callback, *[output[i] for i in picks])
-        out = list(output)
-        for i, t in zip(picks, wrapped):
-            out[i] = t
-        return type(output)(out) if isinstance(output, tuple) else out
-    return output
 
 
 _live_engines: "set[Engine]" = set()
