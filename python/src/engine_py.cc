@@ -160,6 +160,7 @@ class PyEngine {
   }
 
   void BeginMicroBatch() { Check(Live().BeginMicroBatch(), "begin_micro_batch"); }
+  void SetEvaluating(bool on) { Check(Live().SetEvaluating(on), "set_evaluating"); }
 
   nb::dict Step() {
     Engine& e = Live();
@@ -322,6 +323,7 @@ void BindEngine(nb::module_& m) {
       .def("release", &PyEngine::Release, nb::arg("module"))
       .def("accumulate_grad", &PyEngine::AccumulateGrad, nb::arg("tensor"), nb::arg("grad"))
       .def("begin_micro_batch", &PyEngine::BeginMicroBatch)
+      .def("set_evaluating", &PyEngine::SetEvaluating)
       .def("step", &PyEngine::Step)
       .def("gather_master", &PyEngine::GatherMaster, nb::arg("tensor"))
       .def("save_checkpoint", &PyEngine::SaveCheckpoint, nb::arg("dir"), nb::arg("client_json"))

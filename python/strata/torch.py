@@ -153,12 +153,35 @@ class Engine(_ModuleHooks, _Checkpoints):
 
     # --- training ----------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        """The model's forward, as one micro-batch."""
+        """The model's forward, as one micro-batch; under ``torch.no_grad()`` (or
+        inference mode) an evaluation pass instead, which trains nothing: it starts no
+        micro-batch and is left out of the recorded call order, and at stage 3 gathers
+        what it uses and lets go of it after (the engine's SetEvaluating). The engine
+        evaluates between steps: inside an accumulation window it is refused (a
+        RuntimeError; nothing changes and training goes on)."""
+        if not torch.is_grad_enabled():
+            return self._evaluate(*args, **kwargs)
         self._engine.begin_micro_batch()
+        return self._forward(*args, **kwargs)
+
+    def _forward(self, *args, **kwargs):
         if self._check is None:
             return self.module(*args, **kwargs)
         with self._check:
             return self.module(*args, **kwargs)
+
+    def _evaluate(self, *args, **kwargs):
+        if self._micro != 0:
+            raise RuntimeError(
+                f"strata.torch: a forward under torch.no_grad() is an evaluation pass, which the engine runs "
+                f"between steps; this accumulation window has {self._micro} of "
+                f"{self._engine.gradient_accumulation_steps} micro-batches: evaluate after step() ends it")
+        self._release_due()
+        self._engine.set_evaluating(True)
+        try:
+            return self._forward(*args, **kwargs)
+        finally:
+            self._engine.set_evaluating(False)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of this rank's micro-batch loss (a mean over its samples). The engine

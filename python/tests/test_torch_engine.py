@@ -356,3 +356,52 @@ def test_a_released_parameter_read_in_the_forward_is_refused_by_name() -> None:
     st.register_external_parameter(fresh, other.weight)
     with pytest.raises(ValueError, match="not a parameter of the model"):
         st.initialize(fresh, config(3, "cpu"))
+
+
+@pytest.mark.parametrize("stage,offload,param,accumulation",
+                         [(1, "cpu", "none", 1), (3, "cpu", "cpu", 2), (3, "nvme", "nvme", 1)])
+def test_evaluation_under_no_grad_trains_nothing(stage: int, offload: str, param: str, accumulation: int,
+                                                 io_dir) -> None:
+    """A forward under torch.no_grad() between steps is an evaluation pass: the training is
+    the same to the bit, and its loss is that of the parameters the last step left (a
+    plain model with the masters). Inside an accumulation window it is refused by name,
+    and training goes on as if it had not been tried."""
+    data = batches(3, accumulation, 8)
+
+    def run(evaluate: bool):
+        engine = st.initialize(make_models(seed=3)[0], config(stage, offload, accumulation=accumulation,
+                                                               param=param))
+        losses, evals = [], []
+        try:
+            for micro_batches in data:
+                for i, (x, y) in enumerate(micro_batches):
+                    loss = loss_of(engine(x), y)
+                    engine.backward(loss)
+                    losses.append(float(loss))
+                    if evaluate and i + 1 < len(micro_batches):
+                        with torch.no_grad(), pytest.raises(RuntimeError, match="evaluate after step"):
+                            engine(x)  # inside the window, between its micro-batches
+                engine.step()
+                if evaluate:
+                    with torch.no_grad():
+                        x, y = micro_batches[0]
+                        evals.append((float(loss_of(engine(x), y)), engine.master_params()))
+            return losses, engine.master_params(), evals
+        finally:
+            engine.close()
+
+    plain_losses, plain_masters, _ = run(False)
+    losses, masters, evals = run(True)
+    assert losses == plain_losses
+    for got, want in zip(masters, plain_masters):
+        assert torch.equal(got, want)
+    assert len(evals) == len(data)
+    for (value, step_masters), micro_batches in zip(evals, data):
+        ref = make_models(seed=3)[1]
+        with torch.no_grad():
+            params = list(ref.parameters())  # named_parameters order, the tied weight once: the engine's
+            assert len(params) == len(step_masters)
+            for p, m in zip(params, step_masters):
+                p.copy_(m)
+            x, y = micro_batches[0]
+            assert value == pytest.approx(float(loss_of(ref(x), y)), rel=1e-6)
