@@ -37,6 +37,12 @@ parameter that the forward reads while no module holding it runs (a tied LM head
 the parameter and the module to register it on, rather than computing with an empty
 tensor. Loss scaling (fp16) is applied by ``backward``; the loss passed in is the
 micro-batch's, and ``backward`` divides it by ``gradient_accumulation_steps``.
+
+Frozen parameters (``requires_grad`` False at ``initialize``, a fine-tuned model's
+base) stay torch's own, as torch's AdamW leaves a parameter without gradient alone: not
+in the engine, not stepped, not decayed, not sharded (every rank keeps its copy where
+the model put it) and not in the engine's checkpoints (the model that loads one brings
+them). Unfreezing one later needs a new engine.
 """
 
 from __future__ import annotations
@@ -93,7 +99,11 @@ def _declare(model: torch.nn.Module):
     ids: Dict[int, int] = {}
     params: List[torch.nn.Parameter] = []
     names: List[str] = []
+    frozen = set()
     for name, p in model.named_parameters():
+        if not p.requires_grad:  # torch's own: not sharded, not stepped (see initialize)
+            frozen.add(id(p))
+            continue
         ids[id(p)] = len(params)
         params.append(p)
         names.append(name)
@@ -102,6 +112,7 @@ def _declare(model: torch.nn.Module):
     module_tensors: List[List[int]] = []
     for mname, module in model.named_modules():
         held = [p for _, p in module.named_parameters(recurse=False)] + _external.get(module, [])
+        held = [p for p in held if id(p) not in frozen]
         if not held:
             continue
         tensor_ids = []
@@ -129,7 +140,7 @@ class Engine(_ModuleHooks, _Checkpoints):
                 "on the sim device; leave strata.device unset")
         params, names, modules, module_names, module_tensors = _declare(model)
         if not params:
-            raise ValueError("strata.torch.initialize: the model has no parameters")
+            raise ValueError("strata.torch.initialize: the model has no parameters that require grad")
         for n, p in zip(names, params):
             if p.dtype != torch.float32 or p.device.type != "cpu":
                 raise ValueError(

@@ -405,3 +405,32 @@ def test_evaluation_under_no_grad_trains_nothing(stage: int, offload: str, param
                 p.copy_(m)
             x, y = micro_batches[0]
             assert value == pytest.approx(float(loss_of(ref(x), y)), rel=1e-6)
+
+
+@pytest.mark.parametrize("stage,offload,param", [(2, "cpu", "none"), (3, "cpu", "cpu"), (3, "nvme", "nvme")])
+@pytest.mark.parametrize("frozen", [("mid",), ("out",), ("emb",)])
+def test_frozen_parameters_stay_as_they_were_and_the_rest_match_torch(stage: int, offload: str, param: str,
+                                                                      frozen, io_dir) -> None:
+    """requires_grad False at initialize: the parameter is neither stepped nor decayed (as
+    torch's AdamW leaves it), and the trainable ones match plain torch training."""
+    model, ref = make_models(seed=5)
+    for m in (model, ref):
+        for name in frozen:
+            getattr(m, name).requires_grad_(False)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    data = batches(4, 1, 8)
+    engine = st.initialize(model, config(stage, offload, param=param))
+    try:
+        losses = train_engine(engine, data)
+        masters = engine.master_params()
+    finally:
+        engine.close()
+    want_losses = train_reference(ref, data)
+    assert losses == pytest.approx(want_losses, rel=1e-5)
+    trainable = [p for p in ref.parameters() if p.requires_grad]
+    assert len(masters) == len(trainable)
+    for got, want in zip(masters, trainable):
+        assert (got - want.detach()).abs().max().item() < ATOL
+    for n, p in model.named_parameters():
+        if n in before:
+            assert torch.equal(p.detach(), before[n]), f"{n} is frozen and must not change"
