@@ -1,15 +1,19 @@
-// `strata bench step` and `strata bench swap`: training steps of the MLP measured beside
-// the step-time model's bound (tools/step_bench.h).
+// `strata bench step` and `strata bench swap`: training steps of the MLP (or, for bench
+// step, the GPT) measured beside the step-time model's bound (tools/step_bench.h).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/gpt_flags.h"
 #include "cli/train_flags.h"
 #include "strata/comm.h"
+#include "strata/token_data.h"
+#include "tools/plan_model.h"
 #include "tools/step_bench.h"
 
 namespace strata::cli {
@@ -28,19 +32,58 @@ void RefuseWithoutSwap(const Config& c) {
       "`strata bench step` for other configurations"));
 }
 
+// The GPT the flags describe over its token files, found (or the default corpus
+// prepared) before MPI starts, as `strata train` does; seeded once the config is read.
+struct GptBenchModel {
+  TokenPaths paths;
+  model::GptSpec spec;
+};
+
+GptBenchModel PrepareGpt(const TrainFlags& f) {
+  ThrowIfError(CheckModelFlags(f));  // before the flags make a model
+  auto paths = FindOrPrepareData(f.gpt);
+  ThrowIfError(paths.status());
+  auto train = model::TokenFile::Open(paths->train);  // for its vocabulary
+  ThrowIfError(train.status().WithContext("training data"));
+  auto spec = GptSpecFromFlags(f.gpt, train->vocab(), 0);
+  ThrowIfError(spec.status());
+  return {*paths, *spec};
+}
+
+// The model of the bench's options: the reference MLP, or the GPT on sequences of --seq.
+void SetModel(const TrainFlags& f, const Prepared& p, std::optional<GptBenchModel> gpt,
+              tools::StepBenchOptions* o) {
+  Result<tools::PlanModel> m = InvalidArgumentError("bench step: no model");
+  if (gpt) {
+    gpt->spec.seed = p.config.seed;
+    const model::GptSpec& s = gpt->spec;
+    m = tools::GptPlanModel(s, f.gpt.seq, gpt->paths.train, p.config.activation_checkpointing);
+    o->model_keys = {{"kind", "gpt"},      {"n_layer", s.n_layer},       {"n_head", s.n_head},
+                     {"n_embd", s.n_embd}, {"vocab_size", s.vocab_size}, {"block_size", s.block_size},
+                     {"seq", f.gpt.seq},   {"tied_head", s.tied_head},   {"data", gpt->paths.train}};
+  } else {
+    m = tools::MlpPlanModel(p.model);
+    o->model_keys = {{"kind", "mlp"}, {"hidden", p.model.hidden}};
+  }
+  ThrowIfError(m.status());
+  o->model = std::move(*m);
+}
+
 void RunBench(const TrainFlags& f, bool swap) {
   std::map<std::string, std::string> origin;
   if (swap) {  // before MPI starts, as Prepare's own refusals
     Result<Config> config = BuildConfig(f, &origin);
     if (config.ok()) RefuseWithoutSwap(*config);
   }
+  std::optional<GptBenchModel> gpt;
+  if (f.model == "gpt") gpt = PrepareGpt(f);
   Prepared p = Prepare(f, &origin);
   tools::StepBenchOptions o;
   o.config = p.config;
-  o.spec.model = p.model;
-  o.spec.data.seed = p.config.seed + 1;
-  o.spec.steps = f.steps;
-  o.spec.micro_batch = p.config.train_micro_batch_size_per_gpu;
+  SetModel(f, p, std::move(gpt), &o);
+  o.data_seed = p.config.seed + 1;
+  o.steps = f.steps;
+  o.micro_batch = p.config.train_micro_batch_size_per_gpu;
   o.compare_serial = !f.no_overlap;
   o.measure_rates = true;
   std::string text;
@@ -74,6 +117,11 @@ void AddBenchStepCommand(CLI::App& bench) {
   auto* cmd = bench.add_subcommand(
       "step", "training steps: time, breakdown, bytes per link, high water, model bound");
   AddFlags(cmd, f, 3);
+  AddGptModelFlags(cmd, &f->gpt);
+  cmd->add_option("--model", f->model,
+                  "mlp: the reference MLP on synthetic data; gpt: the GPT of `strata train` on token files")
+      ->check(CLI::IsMember({"gpt", "mlp"}))
+      ->capture_default_str();
   cmd->add_option("--repeat", f->repeat, "whole rounds (run, probe, overlap off, probe); medians reported")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();

@@ -7,7 +7,7 @@
 
 namespace strata::cli {
 
-void AddGptFlags(CLI::App* cmd, GptFlags* g) {
+void AddGptModelFlags(CLI::App* cmd, GptFlags* g) {
   g->options = {
       cmd->add_option(
           "--data", g->data_dir,
@@ -20,23 +20,30 @@ void AddGptFlags(CLI::App* cmd, GptFlags* g) {
       cmd->add_option("--seq", g->seq, "tokens per training sequence")->capture_default_str(),
       cmd->add_option("--block-size", g->block_size, "the model's longest sequence (default: --seq)"),
       cmd->add_flag("--untied", g->untied,
-                    "an LM head of its own instead of the token embedding's transpose"),
-      cmd->add_option(
-             "--eval-every", g->run.eval_every,
-             "validation loss every N steps, and before the first and after the last (0: only those)")
-          ->capture_default_str(),
-      cmd->add_option("--eval-batches", g->run.eval_batches, "micro-batches per rank per validation")
-          ->capture_default_str(),
-      cmd->add_option("--sample", g->run.sample, "tokens of text sampled from the model at the end (0: none)")
-          ->capture_default_str(),
-      cmd->add_option("--temperature", g->run.temperature, "sampling temperature")->capture_default_str(),
-      cmd->add_option("--prompt", g->run.prompt, "text the sample continues (default: a newline)"),
-      cmd->add_option("--log", g->run.log_path, "JSON-lines log: one line per step and per validation"),
-      cmd->add_option(
-          "--init-from", g->run.init_from,
-          "start from the weights of a safetensors file (strata ckpt export, or written elsewhere): "
-          "every tensor of the model by name and shape; with --resume auto, only when there is "
-          "no checkpoint to resume")};
+                    "an LM head of its own instead of the token embedding's transpose")};
+}
+
+void AddGptFlags(CLI::App* cmd, GptFlags* g) {
+  AddGptModelFlags(cmd, g);
+  g->options.insert(
+      g->options.end(),
+      {cmd->add_option(
+              "--eval-every", g->run.eval_every,
+              "validation loss every N steps, and before the first and after the last (0: only those)")
+           ->capture_default_str(),
+       cmd->add_option("--eval-batches", g->run.eval_batches, "micro-batches per rank per validation")
+           ->capture_default_str(),
+       cmd->add_option("--sample", g->run.sample,
+                       "tokens of text sampled from the model at the end (0: none)")
+           ->capture_default_str(),
+       cmd->add_option("--temperature", g->run.temperature, "sampling temperature")->capture_default_str(),
+       cmd->add_option("--prompt", g->run.prompt, "text the sample continues (default: a newline)"),
+       cmd->add_option("--log", g->run.log_path, "JSON-lines log: one line per step and per validation"),
+       cmd->add_option(
+           "--init-from", g->run.init_from,
+           "start from the weights of a safetensors file (strata ckpt export, or written elsewhere): "
+           "every tensor of the model by name and shape; with --resume auto, only when there is "
+           "no checkpoint to resume")});
 }
 
 Status CheckGptFlags(const GptFlags& g) {

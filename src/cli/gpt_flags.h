@@ -24,6 +24,10 @@ struct GptFlags {
 
 // Registers the flags on `cmd`; they live in `g`, which must outlive the App.
 void AddGptFlags(CLI::App* cmd, GptFlags* g);
+// Only the flags of the model and its data (--data, --n-layer, --n-head, --n-embd,
+// --seq, --block-size, --untied): a command that runs steps without validation,
+// sampling or a log (`strata bench step`).
+void AddGptModelFlags(CLI::App* cmd, GptFlags* g);
 // InvalidArgument naming the first flag out of range.
 Status CheckGptFlags(const GptFlags& g);
 // The model the flags describe, with the byte vocabulary of the token files

@@ -3,9 +3,6 @@
 #include <algorithm>
 
 #include "strata/units.h"
-#include "tools/model_engine.h"
-#include "zero/gpt_trainer.h"
-#include "zero/trainer.h"
 
 namespace strata::tools {
 namespace {
@@ -27,9 +24,19 @@ void Keep(const zero::StepTiming& t, const StepResult& r, CutRun* m) {
   m->optimizer_s = r.optimizer_busy_s;
 }
 
-double OptimizerElems(const Engine& e) {
-  const EngineLayoutInfo& l = e.layout_info();
-  return static_cast<double>(l.num_chunks) * static_cast<double>(l.chunk_elems);
+// run_cut over the cut model's steps: the fastest step after the first.
+auto CutFrom(StepRunner cut) {
+  return [cut = std::move(cut)](Communicator& world, const Config& config, int64_t micro_batch,
+                                int steps) -> Result<CutRun> {
+    StepRunOptions o;
+    o.steps = 1 + steps;
+    o.micro_batch = micro_batch;
+    STRATA_ASSIGN_OR_RETURN(StepLog log, cut(world, config, o));
+    const EngineLayoutInfo& l = log.layout;
+    CutRun run{1e30, 0, 0, static_cast<double>(l.num_chunks) * static_cast<double>(l.chunk_elems)};
+    for (size_t i = 1; i < log.timing.size(); ++i) Keep(log.timing[i], log.results[i], &run);
+    return run;
+  };
 }
 
 // Per layer and token: two LayerNorm outputs with their statistics, q|k|v, attention's
@@ -73,18 +80,8 @@ Result<PlanModel> MlpPlanModel(const model::MlpSpec& spec) {
   m.activation_bytes_per_sample = MlpActivationBytes(spec);
   m.cut_params = model::MlpParameterCount(cut);
   m.cut_flops_per_sample = 6.0 * static_cast<double>(m.cut_params);
-  m.run_cut = [cut](Communicator& world, const Config& config, int64_t micro_batch,
-                    int steps) -> Result<CutRun> {
-    STRATA_ASSIGN_OR_RETURN(ModelEngine e, CreateMlpEngine(world, config, cut, nullptr));
-    zero::TrainSpec t;
-    t.model = cut;
-    t.steps = 1 + steps;
-    t.micro_batch = micro_batch;
-    STRATA_ASSIGN_OR_RETURN(zero::TrainLog log, zero::TrainWithEngine(*e.engine, world, config, t));
-    CutRun run{1e30, 0, 0, OptimizerElems(*e.engine)};
-    for (size_t i = 1; i < log.timing.size(); ++i) Keep(log.timing[i], log.results[i], &run);
-    return run;
-  };
+  m.run_cut = CutFrom(MlpStepRunner(cut));
+  m.run_steps = MlpStepRunner(spec);
   return m;
 }
 
@@ -116,27 +113,8 @@ Result<PlanModel> GptPlanModel(const model::GptSpec& spec, int64_t seq, const st
   m.activation_bytes_per_sample = GptActivationBytes(spec, seq, recompute);
   m.cut_params = model::GptParameterCount(cut);
   m.cut_flops_per_sample = model::GptFlopsPerSequence(cut, seq);
-  m.run_cut = [cut, seq, train, recompute](Communicator& world, const Config& config, int64_t micro_batch,
-                                           int steps) -> Result<CutRun> {
-    ParamInit init = [cut](TensorId t, int64_t b, int64_t n, float* out) {
-      model::InitGptTensor(cut, t, b, n, out);
-    };
-    STRATA_ASSIGN_OR_RETURN(ModelEngine e,
-                            CreateModelEngine(world, config, model::GptModel(cut), init, nullptr));
-    zero::GptTrainSpec ts;
-    ts.model = cut;
-    ts.seq = seq;
-    ts.micro_batch = micro_batch;
-    ts.recompute = recompute;
-    zero::GptTrainer trainer(*e.engine, world, config, ts, *train, nullptr);
-    STRATA_RETURN_IF_ERROR(trainer.Check());
-    CutRun run{1e30, 0, 0, OptimizerElems(*e.engine)};
-    for (int i = 0; i <= steps; ++i) {
-      STRATA_ASSIGN_OR_RETURN(zero::GptStepReport r, trainer.RunStep(i, /*flush=*/i == steps));
-      if (i > 0) Keep(r.timing, r.result, &run);
-    }
-    return run;
-  };
+  m.run_cut = CutFrom(GptStepRunner(cut, seq, train, recompute));
+  m.run_steps = GptStepRunner(spec, seq, train, recompute);
   return m;
 }
 

@@ -15,6 +15,7 @@
 #include "strata/mlp.h"
 #include "strata/model.h"
 #include "strata/token_data.h"
+#include "tools/step_runner.h"
 
 namespace strata::tools {
 
@@ -45,6 +46,9 @@ struct PlanModel {
   // Runs 1 + `steps` steps of the cut model under `config` over `world` (one rank).
   std::function<Result<CutRun>(Communicator& world, const Config& config, int64_t micro_batch, int steps)>
       run_cut;
+  // The whole model's steps (`strata bench step`); empty for a model without forward
+  // code (a safetensors header).
+  StepRunner run_steps;
 };
 
 // fp32 activation bytes a sample keeps through a micro-batch (PlanModel's

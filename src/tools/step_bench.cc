@@ -3,16 +3,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <map>
 #include <optional>
 
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "strata/timeline.h"
 #include "strata/units.h"
-#include "tools/model_engine.h"
 #include "tools/plan_model.h"
 #include "tools/process_memory.h"
+#include "tools/step_traffic.h"
 
 namespace strata::tools {
 namespace {
@@ -27,37 +26,44 @@ std::string SwapDir(const Config& c) {
   return "";
 }
 
-Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const TrainSpec& spec,
+Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const StepBenchOptions& o,
                              Timeline* timeline) {
   const uint64_t base_rss = CurrentRssBytes();  // before the engine and the model
-  STRATA_ASSIGN_OR_RETURN(ModelEngine setup, CreateMlpEngine(world, config, spec.model, timeline));
-  Engine* engine = setup.engine.get();
-  TrainSpec run_spec = spec;
-  run_spec.steps = spec.steps + 1;  // one warm-up step records the pattern and touches memory
+  StepRunOptions run;
+  run.steps = o.steps + 1;  // one warm-up step records the pattern and touches memory
+  run.micro_batch = o.micro_batch;
+  run.data_seed = o.data_seed;
+  run.timeline = timeline;
   StepBenchRun r;
   // Whether the step waits on the disk or leaves it idle: its counters around the
-  // measured steps. The engine created the swap directory above.
+  // measured steps, opened at the warm-up step's start (the engine has created the swap
+  // directory by then).
   std::optional<DiskMonitor> disk;
   DiskCounters disk_from, disk_to;
   Status disk_status = OkStatus();
-  if (const std::string dir = SwapDir(config); dir.empty()) {
+  const std::string dir = SwapDir(config);
+  if (dir.empty()) {
     r.disk_unavailable = "no swap directory (nothing on NVMe)";
-  } else if (spec.steps < 1) {
+  } else if (o.steps < 1) {
     r.disk_unavailable = "no measured steps";
-  } else if (Result<DiskMonitor> m = DiskMonitor::ForPath(dir); m.ok()) {
-    disk.emplace(std::move(*m));
-    run_spec.step_boundary = [&, first = 1, last = spec.steps](int step, bool end) {
-      if (!disk_status.ok() || step != (end ? last : first)) return;
+  } else {
+    run.step_boundary = [&, first = 1, last = o.steps](int step, bool end) {
+      if (step == 0 && !end) {
+        Result<DiskMonitor> m = DiskMonitor::ForPath(dir);
+        if (m.ok())
+          disk.emplace(std::move(*m));
+        else
+          r.disk_unavailable = m.status().ToString();
+      }
+      if (!disk || !disk_status.ok() || step != (end ? last : first)) return;
       Result<DiskCounters> c = disk->Read();
       if (!c.ok())
         disk_status = c.status();
       else
         (end ? disk_to : disk_from) = *c;
     };
-  } else {
-    r.disk_unavailable = m.status().ToString();
   }
-  STRATA_ASSIGN_OR_RETURN(TrainLog log, TrainWithEngine(*engine, world, config, run_spec));
+  STRATA_ASSIGN_OR_RETURN(StepLog log, o.model.run_steps(world, config, run));
   r.peak_rss = PeakRssBytes();
   if (disk && disk_status.ok()) {
     r.disk_name = disk->name();
@@ -65,11 +71,11 @@ Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const Tr
   } else if (disk) {
     r.disk_unavailable = disk_status.ToString();
   }
-  r.layout = engine->layout_info();
+  r.layout = log.layout;
   r.process =
-      EstimateProcessMemory(base_rss, r.layout, config, MlpActivationBytes(spec.model), spec.micro_batch);
+      EstimateProcessMemory(base_rss, r.layout, config, o.model.activation_bytes_per_sample, o.micro_batch);
   r.losses = log.losses;
-  const int n = spec.steps;
+  const int n = o.steps;
   r.steps = n;
   for (int i = 1; i <= n; ++i) {
     const StepTiming& t = log.timing[i];
@@ -130,13 +136,16 @@ nlohmann::json RunJson(const StepBenchRun& r) {
 }  // namespace
 
 Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions& o, std::string* text) {
+  if (!o.model.run_steps) {
+    return InvalidArgumentError("bench step: " + o.model.description + " has no forward code to run");
+  }
   // Each run keeps one mode: with strata.overlap "auto" the overlapped run and the serial
   // one below are what the engine's trial compares.
   Config c = o.config;
   const bool overlap_auto = c.strata.overlap_auto;
   c.strata.overlap_auto = false;
   Timeline timeline(!c.strata.trace_file.empty());
-  STRATA_ASSIGN_OR_RETURN(StepBenchRun main, RunOnce(world, c, o.spec, &timeline));
+  STRATA_ASSIGN_OR_RETURN(StepBenchRun main, RunOnce(world, c, o, &timeline));
   if (!c.strata.trace_file.empty() && world.rank() == 0) {
     STRATA_RETURN_IF_ERROR(timeline.WriteChromeTrace(c.strata.trace_file));
   }
@@ -146,17 +155,25 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
   j["model"] = {{"params", main.layout.num_params},
                 {"chunks", main.layout.num_chunks},
                 {"chunk_elems", main.layout.chunk_elems},
-                {"micro_batch", o.spec.micro_batch},
+                {"micro_batch", o.micro_batch},
                 {"kept_chunks", main.layout.kept_chunks},
                 {"optimizer_resident_chunks", main.layout.optimizer_resident_chunks},
                 {"optimizer_device_chunks", main.layout.optimizer_device_chunks},
                 {"param_resident_chunks", main.layout.param_resident_chunks},
                 {"params_in_optimizer_state", main.layout.params_in_optimizer_state},
                 {"carried_chunks", main.layout.carried_chunks},
-                {"hidden", o.spec.model.hidden}};
+                {"description", o.model.description}};
+  j["model"].update(o.model_keys);
   j["budget_need"] = {
       {"device", main.layout.device_need}, {"host", main.layout.host_need}, {"nvme", main.layout.nvme_need}};
   j["run"] = RunJson(main);
+  // What `strata plan` predicts this layout moves, beside the engine's counters: a model
+  // whose traffic the prediction misses shows here before it misleads a plan.
+  const LaneWork planned = PredictTraffic(c, world.size(), main.layout);
+  j["predicted_bytes"] = {{"nvme_read", planned.nvme_read_bytes},
+                          {"nvme_write", planned.nvme_write_bytes},
+                          {"copies", planned.copy_bytes},
+                          {"collectives", planned.comm_bytes}};
 
   const bool nvme = c.zero.offload_optimizer.device == OffloadDevice::kNvme ||
                     c.zero.offload_param.device == OffloadDevice::kNvme;
@@ -185,7 +202,7 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
     Config serial = c;
     serial.strata.overlap = false;
     serial.strata.trace_file.clear();
-    STRATA_ASSIGN_OR_RETURN(off, RunOnce(world, serial, o.spec, nullptr));
+    STRATA_ASSIGN_OR_RETURN(off, RunOnce(world, serial, o, nullptr));
     j["serial_run"] = RunJson(*off);
     STRATA_RETURN_IF_ERROR(measure());
   }
@@ -217,6 +234,8 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
          std::string(OffloadDeviceName(c.zero.offload_optimizer.device)) + ", params on " +
          std::string(OffloadDeviceName(c.zero.offload_param.device)) + ", overlap " +
          (c.strata.overlap ? "on" : "off") + ", world " + std::to_string(world.size()) + "\n";
+  out += "  model                " + o.model.description + ", micro-batch " + std::to_string(o.micro_batch) +
+         "\n";
   out += "  step time            " + FormatSeconds(main.step_s) + "\n";
   out += "  compute (fwd+bwd)    " + FormatSeconds(main.timing.compute_s()) + "\n";
   out += "  waits in hooks       " + FormatSeconds(main.timing.hooks_s) + "\n";
@@ -227,6 +246,10 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
   out += "  bytes                nvme read " + FormatBytes(main.last.bytes_nvme_read) + ", nvme write " +
          FormatBytes(main.last.bytes_nvme_written) + ", h2d " + FormatBytes(main.last.bytes_h2d) + ", d2h " +
          FormatBytes(main.last.bytes_d2h) + ", collectives " + FormatBytes(main.last.bytes_comm) + "\n";
+  out += "  plan's bytes         nvme read " + FormatBytes(static_cast<uint64_t>(planned.nvme_read_bytes)) +
+         ", nvme write " + FormatBytes(static_cast<uint64_t>(planned.nvme_write_bytes)) + ", copies " +
+         FormatBytes(static_cast<uint64_t>(planned.copy_bytes)) + ", collectives " +
+         FormatBytes(static_cast<uint64_t>(planned.comm_bytes)) + " (strata plan's prediction)\n";
   out += "  high water           device " + FormatBytes(main.last.device_high_water) + " (budget " +
          (c.strata.device_budget ? FormatBytes(c.strata.device_budget) : std::string("sim default")) +
          "), host " + FormatBytes(main.last.host_high_water) + " (budget " +
@@ -330,69 +353,6 @@ std::string FormatDiskLine(const std::string& name, const DiskActivity& d, int s
   if (mixed_rate > 0)
     out += "; " + FormatDouble("%.2f", d.bytes_per_s() / mixed_rate) + " of the probe's mixed rate";
   return out + "\n";
-}
-
-nlohmann::json SummarizeRounds(const std::vector<nlohmann::json>& rounds, std::string* text) {
-  auto median = [](std::vector<double> v) {
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-  };
-  const char* against_bound[] = {"overlap_efficiency", "overlap_efficiency_mixed",
-                                 "speedup_fraction_of_predicted"};
-  std::map<std::string, std::vector<double>> figures;
-  int invalid = 0;
-  std::string out = "round  step      efficiency  mixed  speedup  of predicted\n";
-  for (size_t i = 0; i < rounds.size(); ++i) {
-    const nlohmann::json& r = rounds[i];
-    const bool valid = !r.value("probe_slower_than_step", false);
-    const bool mixed_valid = valid && !r.value("mixed_bound_beaten", false);
-    invalid += !mixed_valid;
-    figures["step_s"].push_back(r["run"]["step_s"].get<double>());
-    if (r.contains("speedup")) figures["speedup"].push_back(r["speedup"].get<double>());
-    if (r["run"].contains("disk") && r["run"]["disk"].contains("busy_fraction")) {
-      figures["disk_busy_fraction"].push_back(r["run"]["disk"]["busy_fraction"].get<double>());
-    }
-    for (const char* k : against_bound) {
-      const bool mixed = std::string(k) == "overlap_efficiency_mixed";
-      if ((mixed ? mixed_valid : valid) && r.contains(k)) figures[k].push_back(r[k].get<double>());
-    }
-    auto fig = [&](const char* k) {
-      return r.contains(k) ? FormatDouble("%.2f", r[k].get<double>()) : std::string("-");
-    };
-    char line[160];
-    std::snprintf(line, sizeof(line), "%5zu  %-8s  %-10s  %-5s  %-7s  %s%s\n", i + 1,
-                  FormatSeconds(r["run"]["step_s"].get<double>()).c_str(), fig("overlap_efficiency").c_str(),
-                  fig("overlap_efficiency_mixed").c_str(), fig("speedup").c_str(),
-                  fig("speedup_fraction_of_predicted").c_str(),
-                  valid ? (mixed_valid ? "" : "  (mixed bound not valid: the step beat it)")
-                        : "  (bound not valid: the step beat it)");
-    out += line;
-  }
-  nlohmann::json med = nlohmann::json::object();
-  for (const auto& [k, v] : figures) {
-    if (!v.empty()) med[k] = median(v);
-  }
-  out += "median step " + FormatSeconds(med.value("step_s", 0.0));
-  if (med.contains("overlap_efficiency"))
-    out += ", efficiency " + FormatDouble("%.2f", med["overlap_efficiency"].get<double>());
-  if (med.contains("overlap_efficiency_mixed")) {
-    out += " (mixed " + FormatDouble("%.2f", med["overlap_efficiency_mixed"].get<double>()) + ")";
-  }
-  if (med.contains("speedup")) out += ", speedup " + FormatDouble("%.2f", med["speedup"].get<double>()) + "x";
-  if (med.contains("speedup_fraction_of_predicted")) {
-    out += " (" + FormatDouble("%.0f%%", 100 * med["speedup_fraction_of_predicted"].get<double>()) +
-           " of predicted)";
-  }
-  if (med.contains("disk_busy_fraction")) {
-    out += ", disk busy " + FormatDouble("%.0f%%", 100 * med["disk_busy_fraction"].get<double>());
-  }
-  out += " over " + std::to_string(rounds.size()) + " rounds";
-  if (invalid) out += "; " + std::to_string(invalid) + " with a bound not valid left out of its figures";
-  out += "\n";
-  if (text) *text = out;
-  return {{"rounds", rounds}, {"median", med}, {"invalid_bound_rounds", invalid}};
 }
 
 }  // namespace strata::tools

@@ -1,4 +1,4 @@
-// `strata bench step`: training steps of the reference MLP under a
+// `strata bench step`: training steps of a model (the reference MLP or the GPT) under a
 // configuration, with where the time went, the bytes per link, the high-water marks
 // and the step-time model beside the measurement.
 #pragma once
@@ -10,6 +10,7 @@
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/disk_stats.h"
+#include "tools/plan_model.h"
 #include "tools/process_memory.h"
 #include "tools/step_model.h"
 #include "zero/trainer.h"
@@ -17,13 +18,17 @@
 namespace strata::tools {
 
 using zero::StepTiming;
-using zero::TrainLog;
-using zero::TrainSpec;
-using zero::TrainWithEngine;
 
 struct StepBenchOptions {
   Config config;
-  TrainSpec spec;              // spec.steps measured steps follow one warm-up step
+  // The model: its run_steps (required), description and activations per sample (for
+  // the process estimate).
+  PlanModel model;
+  // The model's shape in the report's "model" object ({"hidden": [...]} for the MLP).
+  nlohmann::json model_keys = nlohmann::json::object();
+  int steps = 3;  // measured steps, after one warm-up step
+  int64_t micro_batch = 1;
+  uint64_t data_seed = 1;
   bool compare_serial = true;  // run again with strata.overlap false, same process
   bool measure_rates = true;   // lane rates for the step-time model
 };

@@ -10,6 +10,16 @@
 namespace strata::tools {
 namespace {
 
+// The harness's small MLP, as `strata bench step` runs it.
+void SetSmallModel(StepBenchOptions* o, int steps) {
+  const zero::TrainSpec spec = testing::SmallSpec(steps);
+  Result<PlanModel> m = MlpPlanModel(spec.model);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  o->model = *m;
+  o->steps = steps;
+  o->micro_batch = spec.micro_batch;
+}
+
 nlohmann::json Round(double step_s, double efficiency, double speedup, bool bound_valid = true) {
   nlohmann::json r;
   r["run"]["step_s"] = step_s;
@@ -114,7 +124,7 @@ TEST(StepBench, DiskLineForShortAndLongDeviceNames) {
 TEST(StepBenchRun, ReportsItsSwapDisk) {
   StepBenchOptions o;
   o.config = testing::MakeConfig({3, "nvme", "nvme"});
-  o.spec = testing::SmallSpec(/*steps=*/2);
+  SetSmallModel(&o, /*steps=*/2);
   o.compare_serial = false;
   o.measure_rates = false;
   std::string text;
@@ -148,7 +158,7 @@ TEST(StepBenchRun, ReportsItsSwapDisk) {
 TEST(StepBenchRun, ReportsThePeakRssBesideThePlansProcessEstimate) {
   StepBenchOptions o;
   o.config = testing::MakeConfig({3, "cpu", "cpu"});
-  o.spec = testing::SmallSpec(/*steps=*/1);
+  SetSmallModel(&o, /*steps=*/1);
   o.compare_serial = false;
   o.measure_rates = false;
   std::string text;
