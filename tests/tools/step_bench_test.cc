@@ -3,9 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include "strata/disk_stats.h"
 #include "zero/engine_harness.h"
 #include "zero/single_world.h"
-#include "strata/disk_stats.h"
 
 namespace strata::tools {
 namespace {
@@ -90,7 +90,8 @@ TEST(StepBench, DiskBusyIsTheMedianOfTheRoundsThatMeasuredIt) {
   nlohmann::json without = Round(1.3, 0.8, 1.7);
   without["run"]["disk"] = {{"unavailable", "no block device"}};
   std::string text;
-  const nlohmann::json s = SummarizeRounds({with_disk(0.97), without, with_disk(0.91), with_disk(0.99)}, &text);
+  const nlohmann::json s =
+      SummarizeRounds({with_disk(0.97), without, with_disk(0.91), with_disk(0.99)}, &text);
   EXPECT_DOUBLE_EQ(s["median"]["disk_busy_fraction"].get<double>(), 0.97);
   EXPECT_NE(text.find("disk busy 97%"), std::string::npos) << text;
   const nlohmann::json none = SummarizeRounds({without, Round(1.2, 0.7, 1.6)}, &text);
@@ -107,7 +108,8 @@ TEST(StepBench, DiskLineForShortAndLongDeviceNames) {
   d.mean_in_flight = 30.4;
   d.read_bytes = 2ull << 30;
   d.write_bytes = 1ull << 30;
-  const std::string short_line = FormatDiskLine("vda", d, 2, static_cast<double>(3ull << 30));  // 1.5 of 3 GiB/s
+  const std::string short_line =
+      FormatDiskLine("vda", d, 2, static_cast<double>(3ull << 30));  // 1.5 of 3 GiB/s
   EXPECT_EQ(short_line.find("busy 96%"), std::string("  disk vda").size() + 13) << short_line;
   EXPECT_NE(short_line.find("30.4 requests in flight"), std::string::npos) << short_line;
   EXPECT_NE(short_line.find("1.00 GiB read, 512 MiB written per step"), std::string::npos) << short_line;
