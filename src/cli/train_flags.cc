@@ -127,7 +127,9 @@ void AddFlags(CLI::App* cmd, TrainFlags* f, int default_steps) {
   cmd->add_option("--chunk-size", f->chunk_size, "strata.chunk_size, e.g. 64MiB (default 16MiB here)");
   f->steps_option = cmd->add_option("--steps", f->steps, "steps to run")->capture_default_str();
   cmd->add_option("--micro-batch", f->micro_batch,
-                  "train_micro_batch_size_per_gpu: samples per rank per micro-batch (default 32)");
+                  "train_micro_batch_size_per_gpu: samples per rank per micro-batch (default " +
+                      std::to_string(kDefaultGptMicroBatch) + " for the GPT, " +
+                      std::to_string(kDefaultMicroBatch) + " for the MLP)");
   cmd->add_option("--gradient-accumulation-steps", f->accumulation, "gradient_accumulation_steps");
   cmd->add_option("--train-batch-size", f->train_batch,
                   "train_batch_size (= micro batch x accumulation x ranks)");

@@ -28,6 +28,7 @@
 #include "strata/mlp_cuda.h"
 #include "strata/mlp_kernels.h"
 #include "strata/model.h"
+#include "tools/plan_model.h"
 #include "tools/step_bench.h"
 #include "zero/single_world.h"
 #if STRATA_HAVE_CUDA
@@ -195,10 +196,11 @@ Result<json> StepRun(const json& zero_block, const model::MlpSpec& spec, int64_t
   STRATA_ASSIGN_OR_RETURN(Config config, ParseConfig(j));
   tools::StepBenchOptions o;
   o.config = config;
-  o.spec.model = spec;
-  o.spec.data.seed = config.seed + 1;
-  o.spec.steps = 3;
-  o.spec.micro_batch = micro_batch;
+  STRATA_ASSIGN_OR_RETURN(o.model, tools::MlpPlanModel(spec));
+  o.model_keys = {{"kind", "mlp"}, {"hidden", spec.hidden}};
+  o.data_seed = config.seed + 1;
+  o.steps = 3;
+  o.micro_batch = micro_batch;
   o.compare_serial = false;
   o.measure_rates = false;
   return tools::RunStepBench(World(), o, nullptr);
