@@ -25,12 +25,7 @@ class BenchStepGptCli : public testing::ScratchDirTest {
     ScratchDirTest::SetUp();
     swap_ = (dir_ / "swap").string();
     data_ = (dir_ / "data").string();
-    const std::string text = (dir_ / "text.txt").string();
-    std::ofstream out(text);
-    for (int i = 0; i < 2000; ++i) out << (i % 3 ? "alpha " : "beta\n");
-    out.close();
-    CliRun r = RunStrata({"data", "prepare", text, "--out", data_});
-    ASSERT_EQ(r.exit_status, 0) << r.err;
+    testing::PrepareWordData(dir_, data_);
     // Every chunk's state and shard on the disk: a model this small would otherwise keep
     // them all in host memory and move nothing.
     config_ = (dir_ / "all-on-nvme.json").string();

@@ -3,15 +3,15 @@
 #pragma once
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <gtest/gtest.h>
-
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -87,6 +87,19 @@ inline CliRun RunProgram(const std::string& program, const std::vector<std::stri
 inline CliRun RunStrata(const std::vector<std::string>& args, const std::string& signal_after = "",
                         int sig = 0) {
   return RunProgram(STRATA_BINARY, args, signal_after, [sig](pid_t pid) { ::kill(pid, sig); });
+}
+
+// Token files in `data_dir` from `dir`/text.txt, sentences of four repeating words that a
+// tiny GPT learns within a few dozen steps (`strata data prepare`, byte-level). Fails
+// the test (ASSERT) when preparing fails.
+inline void PrepareWordData(const std::filesystem::path& dir, const std::string& data_dir) {
+  const std::string text = (dir / "text.txt").string();
+  std::ofstream out(text);
+  const char* words[] = {"alpha", "beta", "gamma", "delta"};
+  for (int i = 0; i < 2000; ++i) out << words[i % 4] << (i % 9 == 8 ? ".\n" : " ");
+  out.close();
+  CliRun r = RunStrata({"data", "prepare", text, "--out", data_dir});
+  ASSERT_EQ(r.exit_status, 0) << r.err;
 }
 
 // A fixture with a fresh folder of its own under the temp directory (named by `prefix` and

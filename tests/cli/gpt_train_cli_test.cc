@@ -35,14 +35,7 @@ class GptTrainCli : public testing::ScratchDirTest {
     ScratchDirTest::SetUp();
     swap_ = (dir_ / "swap").string();
     data_ = (dir_ / "data").string();
-    // Sentences with structure a tiny model learns within a few dozen steps.
-    const std::string text = (dir_ / "text.txt").string();
-    std::ofstream out(text);
-    const char* words[] = {"alpha", "beta", "gamma", "delta"};
-    for (int i = 0; i < 2000; ++i) out << words[i % 4] << (i % 9 == 8 ? ".\n" : " ");
-    out.close();
-    CliRun r = RunStrata({"data", "prepare", text, "--out", data_});
-    ASSERT_EQ(r.exit_status, 0) << r.err;
+    testing::PrepareWordData(dir_, data_);
   }
 
   // A tiny GPT at stage 3 with both planes on NVMe (the default placement); a flag in
