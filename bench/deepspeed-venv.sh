@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Makes a scratch venv with DeepSpeed from PyPI, for the peer benchmarks of
+# bench/torch-peers.py (docs/benchmarks.md, "strata against DeepSpeed").
+#
+#   bench/deepspeed-venv.sh [VENV]        (default: /tmp/ds-venv)
+#
+# The venv is made with Debian's interpreter and its site packages, so that it uses
+# Debian's python3-torch (1.13) rather than a torch from PyPI. DeepSpeed is installed
+# without its C++ ops (DS_BUILD_OPS=0) and without pip's dependency resolution (which
+# would pull a torch 2 wheel): its Python dependencies are named here. Its ops are then
+# JIT-built the way a DeepSpeed user gets them (torch.utils.cpp_extension, ninja):
+# cpu_adam (DeepSpeedCPUAdam) and async_io (DeepNVMe's aio_handle, needs libaio-dev),
+# each in a child process that has to import it; the ops land in the venv's torch
+# extensions folder ($VENV/torch_extensions, TORCH_EXTENSIONS_DIR), where the benchmarks
+# find them again.
+#
+# Exits non-zero, saying which step failed and why, where DeepSpeed cannot be installed
+# or an op cannot be built. Run heavy steps under `flock /tmp/build.lock` on a shared
+# machine (the caller's choice; the script does not take the lock itself).
+#
+# Environment: DEEPSPEED_VERSION (default below); STRATA_DS_OPS, the ops to build
+# (default "cpu_adam async_io"; empty: install only).
+set -euo pipefail
+
+venv=${1:-/tmp/ds-venv}
+ds_version=${DEEPSPEED_VERSION:-0.15.4}
+ops=${STRATA_DS_OPS-cpu_adam async_io}
+# DeepSpeed's requirements (requirements/requirements.txt of the version above) less
+# torch (Debian's), pinned to versions that work with torch 1.13 and Python 3.11.
+deps=(hjson ninja "numpy<2" "packaging>=20.0" psutil py-cpuinfo "pydantic>=2.0.0"
+  tqdm nvidia-ml-py msgpack einops)
+
+die() {
+  echo "deepspeed-venv: FAILED: $*" >&2
+  exit 1
+}
+
+[[ -x /usr/bin/python3 ]] || die "no /usr/bin/python3 (Debian's python3)"
+/usr/bin/python3 -c 'import torch' 2>/dev/null ||
+  die "Debian's python3 cannot import torch: apt-get install python3-torch"
+torch_inc=$(/usr/bin/python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "include"))')
+# Debian's python3-torch ships torch/include as links into /usr/include, which only
+# libtorch-dev fills; DeepSpeed's JIT ops need those headers, async_io also libaio.h.
+apt_need() { # PACKAGE WHY
+  if [[ $(id -u) -eq 0 ]]; then
+    echo "deepspeed-venv: installing $1 ($2)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$1" >/dev/null ||
+      die "apt-get install $1 failed ($2)"
+  else
+    die "$2: apt-get install $1 (as root)"
+  fi
+}
+if [[ -n $ops ]]; then
+  [[ -f $torch_inc/torch/extension.h ]] ||
+    apt_need libtorch-dev "torch's C++ headers, $torch_inc/torch/extension.h, for DeepSpeed's JIT ops"
+  [[ -f $torch_inc/torch/extension.h ]] ||
+    die "torch's C++ headers are still missing ($torch_inc/torch/extension.h): DeepSpeed's ops cannot JIT-build"
+fi
+if [[ " $ops " == *" async_io "* ]] && ! [[ -f /usr/include/libaio.h ]]; then
+  apt_need libaio-dev "DeepNVMe's async_io op needs libaio.h"
+fi
+
+if ! [[ -x $venv/bin/python ]]; then
+  echo "deepspeed-venv: making $venv (Debian's python3, system site packages)"
+  /usr/bin/python3 -m venv --system-site-packages "$venv" || die "python3 -m venv $venv"
+fi
+py=$venv/bin/python
+export TORCH_EXTENSIONS_DIR=$venv/torch_extensions
+
+have=$("$py" -c 'from importlib.metadata import version; print(version("deepspeed"))' 2>/dev/null || true)
+if [[ $have != "$ds_version" ]]; then
+  echo "deepspeed-venv: installing deepspeed==$ds_version and its dependencies from PyPI"
+  "$py" -m pip install -q "${deps[@]}" || die "pip install of DeepSpeed's dependencies: ${deps[*]}"
+  DS_BUILD_OPS=0 "$py" -m pip install -q --no-deps --no-build-isolation "deepspeed==$ds_version" ||
+    die "pip install deepspeed==$ds_version (DS_BUILD_OPS=0, --no-build-isolation) failed"
+fi
+"$py" -c 'import torch; assert torch.__version__.startswith("1.13"), torch.__version__' ||
+  die "the venv does not see Debian's torch 1.13 (a torch from PyPI shadowing it?)"
+"$py" -c 'import deepspeed' 2>/tmp/ds-venv-import.log || {
+  tail -5 /tmp/ds-venv-import.log >&2
+  die "import deepspeed fails with Debian's torch (log: /tmp/ds-venv-import.log)"
+}
+
+for op in $ops; do
+  case $op in
+    cpu_adam) builder=CPUAdamBuilder ;;
+    async_io) builder=AsyncIOBuilder ;;
+    *) die "unknown op $op (cpu_adam, async_io)" ;;
+  esac
+  echo "deepspeed-venv: building DeepSpeed's $op op ($builder, JIT; minutes on 2 cores)"
+  log=$venv/build-$op.log
+  if ! "$py" - "$builder" >"$log" 2>&1 <<'EOF'; then
+import sys
+from deepspeed.accelerator import get_accelerator
+import deepspeed.ops.op_builder as ob
+name = sys.argv[1]
+builder = getattr(ob, name)()
+ok = builder.is_compatible(verbose=True)
+print("accelerator:", get_accelerator().device_name(), "compatible:", ok)
+if not ok:
+    sys.exit(f"{name} is not compatible here")
+builder.load(verbose=True)
+print("loaded", name)
+EOF
+    tail -15 "$log" >&2
+    die "DeepSpeed's $op op does not build here (full log: $log)"
+  fi
+done
+echo "deepspeed-venv: ok: $("$py" -c 'import deepspeed, torch; print("deepspeed", deepspeed.__version__, "torch", torch.__version__)') in $venv"
