@@ -40,7 +40,8 @@ die() {
   die "Debian's python3 cannot import torch: apt-get install python3-torch"
 torch_inc=$(/usr/bin/python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "include"))')
 # Debian's python3-torch ships torch/include as links into /usr/include, which only
-# libtorch-dev fills; DeepSpeed's JIT ops need those headers, async_io also libaio.h.
+# libtorch-dev fills; DeepSpeed's JIT ops need those headers and pybind11-dev's,
+# async_io also libaio.h.
 apt_need() { # PACKAGE WHY
   if [[ $(id -u) -eq 0 ]]; then
     echo "deepspeed-venv: installing $1 ($2)"
@@ -55,6 +56,9 @@ if [[ -n $ops ]]; then
     apt_need libtorch-dev "torch's C++ headers, $torch_inc/torch/extension.h, for DeepSpeed's JIT ops"
   [[ -f $torch_inc/torch/extension.h ]] ||
     die "torch's C++ headers are still missing ($torch_inc/torch/extension.h): DeepSpeed's ops cannot JIT-build"
+  # torch's headers include pybind11's, which Debian ships apart.
+  [[ -f /usr/include/pybind11/pybind11.h ]] ||
+    apt_need pybind11-dev "pybind11's headers, which torch/extension.h includes"
 fi
 if [[ " $ops " == *" async_io "* ]] && ! [[ -f /usr/include/libaio.h ]]; then
   apt_need libaio-dev "DeepNVMe's async_io op needs libaio.h"
@@ -80,6 +84,25 @@ fi
   tail -5 /tmp/ds-venv-import.log >&2
   die "import deepspeed fails with Debian's torch (log: /tmp/ds-venv-import.log)"
 }
+
+# DeepSpeed's CPU op builders (op_builder/cpu/builder.py) pass no -std flag and count on
+# torch 2's C++17 default; torch 1.13's cpp_extension passes -std=c++14, under which
+# cpu_adam's simd.h (std::is_same_v) does not compile, and the CPU async_io builder's
+# `args.remove('-std=c++17')` for torch < 2.1 raises. In this scratch venv only, the
+# CPU builders' flags get -std=c++17 (async_io then swaps it for -std=c++14 itself).
+"$py" - <<'PATCH' || die "patching DeepSpeed's CPU op builder flags (-std=c++17) failed"
+import pathlib, sys, deepspeed.ops.op_builder.cpu.builder as b
+p = pathlib.Path(b.__file__)
+s = p.read_text()
+old = "args = ['-O3', '-g', '-Wno-reorder']"
+new = "args = ['-O3', '-std=c++17', '-g', '-Wno-reorder']  # bench/deepspeed-venv.sh: torch 1.13"
+if new in s:
+    sys.exit(0)
+if old not in s:
+    sys.exit(f"{p}: no {old!r} to patch (another DeepSpeed version?)")
+p.write_text(s.replace(old, new))
+print(f"deepspeed-venv: patched {p}: -std=c++17 for torch 1.13")
+PATCH
 
 for op in $ops; do
   case $op in

@@ -444,6 +444,11 @@ def main() -> None:
     a = ap.parse_args()
     a.strata = a.strata or str(Path(a.build) / "src" / "strata")
     os.environ["OMP_NUM_THREADS"] = str(a.threads)
+    # DeepSpeed's JIT ops where bench/deepspeed-venv.sh built them (else torch builds
+    # them again, minutes, into ~/.cache).
+    ext = Path(sys.prefix) / "torch_extensions"
+    if "TORCH_EXTENSIONS_DIR" not in os.environ and ext.is_dir():
+        os.environ["TORCH_EXTENSIONS_DIR"] = str(ext)
     import_strata(Path(a.build))
     os.makedirs(a.swap, exist_ok=True)
     probe = os.path.join(a.swap, f".torch-peers-probe-{os.getpid()}")
