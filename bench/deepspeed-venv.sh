@@ -60,6 +60,9 @@ if [[ -n $ops ]]; then
   [[ -f /usr/include/pybind11/pybind11.h ]] ||
     apt_need pybind11-dev "pybind11's headers, which torch/extension.h includes"
 fi
+# DeepSpeed's CPU accelerator runs numactl (its CPU setup guide asks for it); ZeRO-3
+# with NVMe offload fails without it.
+command -v numactl >/dev/null || apt_need numactl "DeepSpeed's CPU accelerator runs numactl"
 if [[ " $ops " == *" async_io "* ]] && ! [[ -f /usr/include/libaio.h ]]; then
   apt_need libaio-dev "DeepNVMe's async_io op needs libaio.h"
 fi
@@ -90,18 +93,32 @@ fi
 # cpu_adam's simd.h (std::is_same_v) does not compile, and the CPU async_io builder's
 # `args.remove('-std=c++17')` for torch < 2.1 raises. In this scratch venv only, the
 # CPU builders' flags get -std=c++17 (async_io then swaps it for -std=c++14 itself).
+# Also -DNDEBUG for async_io (below).
 "$py" - <<'PATCH' || die "patching DeepSpeed's CPU op builder flags (-std=c++17) failed"
 import pathlib, sys, deepspeed.ops.op_builder.cpu.builder as b
 p = pathlib.Path(b.__file__)
 s = p.read_text()
 old = "args = ['-O3', '-g', '-Wno-reorder']"
 new = "args = ['-O3', '-std=c++17', '-g', '-Wno-reorder']  # bench/deepspeed-venv.sh: torch 1.13"
-if new in s:
-    sys.exit(0)
-if old not in s:
-    sys.exit(f"{p}: no {old!r} to patch (another DeepSpeed version?)")
-p.write_text(s.replace(old, new))
-print(f"deepspeed-venv: patched {p}: -std=c++17 for torch 1.13")
+if new not in s:
+    if old not in s:
+        sys.exit(f"{p}: no {old!r} to patch (another DeepSpeed version?)")
+    p.write_text(s.replace(old, new))
+    print(f"deepspeed-venv: patched {p}: -std=c++17 for torch 1.13")
+# The CPU async_io op is built -O0 without -DNDEBUG, so the assert in
+# deepspeed_io_handle_t::wait() that some op is pending is live; ZeRO-3's optimizer
+# swapper calls wait() after submitting nothing when no tensor is pinned (on the CPU
+# accelerator none is: is_pinned() is false without CUDA) and the process aborts.
+# -DNDEBUG (as release builds have) lets wait() return 0 there.
+p = pathlib.Path(b.__file__).with_name("async_io.py")
+s = p.read_text()
+old = "args += ['-Wall', '-O0', '-shared', '-fPIC', '-Wno-reorder']"
+new = "args += ['-Wall', '-O0', '-DNDEBUG', '-shared', '-fPIC', '-Wno-reorder']  # bench/deepspeed-venv.sh"
+if new not in s:
+    if old not in s:
+        sys.exit(f"{p}: no {old!r} to patch (another DeepSpeed version?)")
+    p.write_text(s.replace(old, new))
+    print(f"deepspeed-venv: patched {p}: -DNDEBUG")
 PATCH
 
 for op in $ops; do
