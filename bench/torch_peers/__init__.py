@@ -1,0 +1,1 @@
+"""The benchmarks of bench/torch-peers.py, one module each; common.py has their helpers."""
