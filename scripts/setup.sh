@@ -16,6 +16,7 @@ packages=(
   libpcre2-dev  # PCRE2: GPT-2's BPE pre-tokenisation pattern (src/model/bpe.cc)
   fio python3
   python3-dev python3-venv python3-torch python3-matplotlib
+  libopenblas0-pthread  # the libblas.so.3 that the PyTorch peer's products use (docs/benchmarks.md)
   fortunes fortunes-min  # the default text corpus of `strata data prepare`
 )
 
