@@ -205,6 +205,10 @@ struct EngineLayoutInfo {
   // of one micro-batch's backward to their use in the next micro-batch's forward (the
   // lowest chunks, within stage3_max_reuse_distance, as the same buffers allow).
   int carried_chunks = 0;
+  // Stage 3 with the optimizer and the parameters on NVMe: how many chunks' updated
+  // shards the step leaves in host memory, where the next forward's first gather takes
+  // them without a read (the last ones stepped, which the forward gathers first).
+  int fresh_param_shards = 0;
 };
 
 class Engine : public ModuleHooks {

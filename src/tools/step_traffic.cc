@@ -75,11 +75,11 @@ LaneWork PredictTraffic(const Config& c, int world_size, const EngineLayoutInfo&
     }
   }
   if (par_dev == OffloadDevice::kNvme) {
-    // The forward's first gather of a chunk copies the shard the step left in memory.
-    // Chunks whose shard stays in host memory (strata.param_resident) read and write none.
-    const double on_disk = (chunks - l.param_resident_chunks) / chunks;
-    const double from_disk =
-        on_disk * std::max(0.0, gathers - (opt_dev == OffloadDevice::kNvme ? chunks : 0));
+    // Chunks whose shard stays in host memory (strata.param_resident) read and write none;
+    // the others are read at every gather but the forward's first of the chunks whose
+    // updated shard the step left in memory (fresh_param_shards).
+    const double on_disk = chunks - l.param_resident_chunks;
+    const double from_disk = std::max(0.0, gathers * on_disk / chunks - l.fresh_param_shards);
     const double shard_read = l.params_in_optimizer_state ? shard * 4 : shard * cs;
     w.nvme_read_bytes += from_disk * shard_read;
     w.nvme_param_read_bytes = from_disk * shard_read;

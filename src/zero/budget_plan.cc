@@ -172,7 +172,8 @@ void Engine::Impl::PlanHostNeed(MemoryPlan& p) {
   }
   p.host_budget = HostBudget(h.Total() > 0);
   if (publish_behind) {
-    h.Add(Part("2 " + dt + " parameter shards on their way to NVMe", 2 * out16, NeedScale::kChunk, "", true));
+    h.Add(Part(std::to_string(kOut16Staging) + " " + dt + " parameter shards on their way to NVMe",
+               kOut16Staging * out16, NeedScale::kChunk, "", true));
   }
   if (opt_tier == ZeroTier::kNvme) {
     // Gradient shards wait for the step in pinned memory if the budget holds them

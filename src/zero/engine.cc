@@ -324,6 +324,8 @@ Status Engine::Impl::PlanLayout(MemoryPlan& plan) {
   info.optimizer_padding_pieces = static_cast<int>(std::count(piece_live.begin(), piece_live.end(), 0));
   info.optimizer_resident_chunks = static_cast<int>(std::count(opt_resident.begin(), opt_resident.end(), 1));
   info.optimizer_device_chunks = static_cast<int>(std::count(opt_on_device.begin(), opt_on_device.end(), 1));
+  info.fresh_param_shards =
+      publish_behind ? std::min(kOut16Staging, l.num_chunks - info.param_resident_chunks) : 0;
   STRATA_LOG(kDebug, "engine") << "layout: " << l.num_params << " params in " << l.num_chunks << " chunks of "
                                << l.chunk_elems << " (shard " << l.shard_elems << "); device "
                                << FormatBytes(info.device_need) << ", host " << FormatBytes(info.host_need)
@@ -427,7 +429,7 @@ Status Engine::Impl::AllocateShards(const MemoryPlan& plan) {
     param_source.resize(n_chunks);
     fresh_shard.assign(n_chunks, nullptr);
   }
-  for (int i = 0; publish_behind && i < 2; ++i) {
+  for (int i = 0; publish_behind && i < kOut16Staging; ++i) {
     STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_elems * csize, "parameter shards on their way to NVMe"));
     out16_staging.free.push_back(p);
   }

@@ -429,6 +429,9 @@ struct Engine::Impl {
   // Pinned buffers for compute values on their way between the optimizer, the device
   // and the parameter tier (one per worker that may hold one at a time, plus one).
   static constexpr int kParamStaging = 3;
+  // Stage 3, optimizer and parameters on NVMe: buffers for the updated shards on their
+  // way to NVMe; the last ones filled stay as the next forward's fresh copies.
+  static constexpr int kOut16Staging = 2;
   // A reduced gradient reaches a host-side shard through pinned staging of at most this
   // much (and at most sub_group_size values), a piece at a time, so the staging does not
   // grow with the module.
