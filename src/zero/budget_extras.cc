@@ -4,19 +4,10 @@
 #include <algorithm>
 
 #include "zero/engine_impl.h"
-#include "zero/keep_plan.h"
+#include "zero/gather_plan.h"
 #include "zero/residency_plan.h"
 
 namespace strata {
-namespace {
-
-// Gather buffers for at most this many modules ahead of the running one (stage 3,
-// engine_gather.cc); the depth used is measured (prefetch_depth.h) within what the
-// budget and DeepSpeed's keys leave of it.
-constexpr uint64_t kMaxPrefetchModules = 8;
-
-}  // namespace
-
 void Engine::Impl::PlanExtras(MemoryPlan& p) {
   const uint64_t n_chunks = layout.num_chunks;
   uint64_t dev = p.device.Total(), host = p.host.Total();
@@ -61,7 +52,7 @@ void Engine::Impl::PlanExtras(MemoryPlan& p) {
     else
       host += p.spares * opt_set_bytes;
   }
-  gather_buffers = 0;
+  gather_plan = {};
   if (stage == 3) dev += PlanGatherBuffers(p, p.device_budget.bytes - dev);
   info.device_need = dev;
   info.host_need = host;
@@ -93,72 +84,23 @@ uint64_t Engine::Impl::PlanParamResidency(uint64_t room) {
 }
 
 uint64_t Engine::Impl::PlanGatherBuffers(const MemoryPlan& p, uint64_t room) {
-  const zero::Layout& l = layout;
-  const uint64_t n_chunks = l.num_chunks, chunk16 = l.chunk_elems * csize, module = p.max_module_chunks;
-  // Room to gather up to kMaxPrefetchModules modules ahead of the running one, as the
-  // budget allows.
-  uint64_t extra = std::min<uint64_t>(module * (1 + kMaxPrefetchModules), n_chunks) - module;
-  uint64_t cap = config.zero.stage3_max_live_parameters
-                     ? std::max<uint64_t>(config.zero.stage3_max_live_parameters / l.chunk_elems, module)
-                     : n_chunks;
-  cap -= std::min<uint64_t>(cap, module);
-  extra = std::min<uint64_t>({extra, room / chunk16, cap});
-  // Shards on NVMe are read into kParamStaging pinned buffers; a gather beyond those
-  // reads only when a buffer frees, on the serial fetch worker, so a deeper window
-  // would hold device memory to queue (the 100M bench: 315 MiB of device instead of
-  // 183, and no faster).
+  zero::GatherInputs in;
+  in.layout = &layout;
+  in.trace = &order->trace();
+  in.zero = &config.zero;
+  in.micro_batches = config.gradient_accumulation_steps;
+  in.chunk_bytes = layout.chunk_elems * csize;
+  in.max_module_chunks = static_cast<int>(p.max_module_chunks);
+  in.fixed_buffers = p.fixed_gather;
+  in.room = room;
   if (param_tier == ZeroTier::kNvme && info.param_resident_chunks < layout.num_chunks) {
-    extra = std::min<uint64_t>(extra, kParamStaging);
+    in.staging_limit = kParamStaging;
   }
-  // DeepSpeed's stage3_prefetch_bucket_size counts parameters gathered ahead of need.
-  if (config.zero.stage3_prefetch_bucket_size) {
-    extra = std::min<uint64_t>(extra, config.zero.stage3_prefetch_bucket_size / l.chunk_elems);
-  }
-  // Less than one module's chunks ahead: no window at all (the buffers kept chunks hold
-  // before their forward must not serve as one, or the plan's peak would not hold).
-  max_prefetch_modules = static_cast<int>(extra / module);
-  prefetch_modules = max_prefetch_modules;  // until a step has measured (MeasuredPrefetch)
-  // What is left keeps chunks gathered from forward to backward, nearest reuse first,
-  // instead of reading, copying and all-gathering them again (keep_plan.h): as many
-  // as the buffers the budget allows hold at the trace's fullest point, which the
-  // window and the kept chunks partly share (the last modules are both).
-  const int fixed = p.fixed_gather;
-  const int allowed = fixed + static_cast<int>(std::min<uint64_t>(room / chunk16, cap));
-  auto plan = [&](int spare) {
-    return zero::PlanKeep(l, order->trace(), config.zero.stage3_max_reuse_distance,
-                          config.zero.stage3_param_persistence_threshold, spare);
-  };
-  auto peak = [&](const zero::KeepPlan& k) {
-    return zero::PeakGathered(l, order->trace(), k.kept, max_prefetch_modules);
-  };
-  // The largest count in [0, n_chunks] whose plan fits (a plan's peak grows with it).
-  auto largest_fitting = [&](auto peak_of) {
-    int lo = 0, hi = static_cast<int>(n_chunks);
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (peak_of(mid) <= allowed)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    return lo;
-  };
-  const zero::KeepPlan keep = plan(largest_fitting([&](int spare) { return peak(plan(spare)); }));
-  kept_chunk = keep.kept;
-  info.kept_chunks = keep.total();
-  // With gradient accumulation, the chunks the end of backward used last and the next
-  // micro-batch's forward uses first stay too, as the same buffers allow.
-  const int micro_batches = std::max(config.gradient_accumulation_steps, 1);
-  auto carry_peak = [&](int count) {
-    const std::vector<uint8_t> carried =
-        zero::PlanCarry(l, order->trace(), config.zero.stage3_max_reuse_distance, count);
-    return zero::PeakGathered(l, order->trace(), kept_chunk, max_prefetch_modules, carried, micro_batches);
-  };
-  const int carry = micro_batches > 1 ? largest_fitting(carry_peak) : 0;
-  carried_chunk = zero::PlanCarry(l, order->trace(), config.zero.stage3_max_reuse_distance, carry);
-  info.carried_chunks = static_cast<int>(std::count(carried_chunk.begin(), carried_chunk.end(), 1));
-  gather_buffers = std::max(carry_peak(carry), fixed);
-  return (gather_buffers - fixed) * chunk16;
+  const zero::GatherPlanResult r = zero::PlanGather(in);
+  gather_plan = r.plan;
+  info.kept_chunks = gather_plan.kept_count();
+  info.carried_chunks = gather_plan.carried_count();
+  return r.extra_bytes;
 }
 
 }  // namespace strata

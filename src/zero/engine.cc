@@ -267,6 +267,9 @@ Result<std::unique_ptr<Engine::Impl>> Engine::Impl::Make(const Config& config, M
 
   STRATA_ASSIGN_OR_RETURN(s.layout, zero::MakeLayout(s.model, config.strata.chunk_size, s.world_size));
   s.order.emplace(s.layout);
+  Impl* self = &s;
+  s.gatherer.emplace(s.layout, *s.order,
+                     [self](int chunk, void* buf) { return self->StartChunkGather(chunk, buf); });
   s.opt_elems = s.stage == 0 ? s.layout.chunk_elems : s.layout.shard_elems;
   s.opt_offset = s.stage == 0 ? 0 : s.rank * s.layout.shard_elems;
   return impl;
@@ -333,8 +336,8 @@ Status Engine::Impl::PlanLayout(MemoryPlan& plan) {
                                << ", resident optimizer chunks " << info.optimizer_resident_chunks
                                << ", staging sets " << opt_staging_count << " of " << pieces
                                << " piece(s) per chunk"
-                               << ", gather buffers " << gather_buffers << " (prefetch up to "
-                               << max_prefetch_modules << " modules, " << info.kept_chunks
+                               << ", gather buffers " << gather_plan.buffers << " (prefetch up to "
+                               << gather_plan.max_prefetch_modules << " modules, " << info.kept_chunks
                                << " chunks kept from forward to backward, " << info.carried_chunks
                                << " carried between micro-batches)"
                                << (grad_tier == ZeroTier::kNvme ? "; gradients on NVMe" : "");
@@ -376,10 +379,12 @@ Status Engine::Impl::AllocateBuffers(const MemoryPlan& plan) {
   if (stage < 3) {
     STRATA_ASSIGN_OR_RETURN(param_full, DeviceAlloc(l.num_chunks * chunk16, "compute parameters"));
   } else {
-    for (int i = 0; i < gather_buffers; ++i) {
+    std::vector<void*> buffers;
+    for (int i = 0; i < gather_plan.buffers; ++i) {
       STRATA_ASSIGN_OR_RETURN(void* p, DeviceAlloc(chunk16, "gathered chunks"));
-      gather_pool.free.push_back(p);
+      buffers.push_back(p);
     }
+    gatherer->Configure(gather_plan, std::move(buffers));
   }
   if (grad_tier != ZeroTier::kDevice) {
     STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(RecvStagingElems() * 4, "gradient staging"));

@@ -1,16 +1,8 @@
-// Stage 3 parameter gathers along the trace, and optimizer-state read-ahead.
+// Stage 3: the journey of a chunk's parameters to the device, for the gatherer
+// (param_gatherer.h, which decides what is gathered when), and optimizer-state read-ahead.
 //
-// The trace of a micro-batch is the recorded call order (trace.h). Gathers start for the
-// chunks of the next prefetch_modules uses after the one running, as gather buffers allow; a
-// gathered chunk stays while a module in that window needs it, so the last modules of
-// forward are still there when backward starts with them, and the chunks the keep plan
-// chose (keep_plan.h) stay from forward to backward and, with gradient accumulation, from
-// one micro-batch's backward to the next one's forward. Which chunks are gathered and
-// released depends only on module indices, buffer counts and the depth, which the
-// ranks agree on (engine.cc, Step()), never on timing, so every rank issues the same
-// all-gathers in the same order. A micro-batch off the recording gathers on demand and
-// releases what no module holds.
-//
+// A gather brings this rank's shard in from its tier (the device, pinned memory, a fresh
+// copy the step left in memory, or NVMe) and all-gathers the chunk over the ranks.
 // NVMe shards are read in two halves: the read is issued on the training thread as
 // soon as the gather starts (into a pinned staging buffer, when one is free), and
 // fetch_worker waits for it and copies it to the device. Several reads are then in
@@ -21,16 +13,12 @@
 
 #include "strata/log.h"
 #include "zero/engine_impl.h"
-#include "zero/keep_plan.h"
-#include "zero/prefetch_depth.h"
 
 namespace strata {
 
 void* Engine::Impl::ChunkParams(int chunk) {
   if (stage < 3) return static_cast<uint8_t*>(param_full) + chunk * layout.chunk_elems * csize;
-  auto it = gathered.find(chunk);
-  STRATA_CHECK_MSG(it != gathered.end(), "chunk used before it was gathered");
-  return it->second.buf;
+  return gatherer->Params(chunk);
 }
 
 // Someone waits for a shard soon (the module it serves is at most the window ahead): it
@@ -116,12 +104,9 @@ Status Engine::Impl::FetchShard(int chunk, void* dst, void* staged, std::vector<
   return st.WithContext("fetching the parameter shard of chunk " + std::to_string(chunk));
 }
 
-void Engine::Impl::StartGather(int chunk) {
-  Gathered g;
-  g.buf = gather_pool.free.back();
-  gather_pool.free.pop_back();
+std::shared_future<Status> Engine::Impl::StartChunkGather(int chunk, void* buf) {
   const uint64_t shard_bytes = layout.shard_elems * csize;
-  void* mine = static_cast<uint8_t*>(g.buf) + rank * shard_bytes;
+  void* mine = static_cast<uint8_t*>(buf) + rank * shard_bytes;
   const auto start = std::chrono::steady_clock::now();
   const int64_t issued_ns = NowNs();
   void* staged = nullptr;
@@ -152,81 +137,20 @@ void Engine::Impl::StartGather(int chunk) {
   std::shared_future<Status> fetched = fetch_worker.Submit([this, chunk, mine, staged, reads, fresh, start] {
     return FetchShard(chunk, mine, staged, reads, fresh, start);
   });
-  g.ready = comm_worker.Submit([this, fetched, g, mine, chunk, issued_ns] {
+  return comm_worker.Submit([this, fetched, buf, mine, chunk, issued_ns] {
     STRATA_RETURN_IF_ERROR(fetched.get());
     int64_t t0 = NowNs();
     const auto span_start = std::chrono::steady_clock::now();
     // No device communicator (cuda, one rank): the shard is the whole chunk, in place.
     Status st = device_comm == nullptr
                     ? OkStatus()
-                    : device_comm->AllGather(mine, g.buf, layout.shard_elems, compute).Wait();
+                    : device_comm->AllGather(mine, buf, layout.shard_elems, compute).Wait();
     comm_busy_ns += NowNs() - t0;
     Span(track_comm, "all-gather chunk " + std::to_string(chunk), span_start, layout.chunk_elems * csize);
     bytes_comm += layout.chunk_elems * csize;
-    gather_latency_ns += NowNs() - issued_ns;
-    ++gathers_timed;
+    gatherer->NoteGatherLatency(NowNs() - issued_ns);
     return st;
   });
-  gathered[chunk] = g;
-}
-
-Status Engine::Impl::EnsureGathered(int chunk) {
-  if (!gathered.count(chunk)) {
-    if (gather_pool.free.empty()) {
-      // Reuse the buffer of a gathered chunk nobody uses now (the oldest prefetch).
-      for (auto it = gathered.begin(); it != gathered.end(); ++it) {
-        if (it->second.users == 0) {
-          if (gather_evictions++ == 0) {
-            STRATA_LOG(kWarn, "engine") << "no planned gather buffer free for chunk " << chunk << "; chunk "
-                                        << it->first << " released early (the buffer plan missed a case; "
-                                        << "correct, but gathered again later)";
-          }
-          STRATA_RETURN_IF_ERROR(it->second.ready.get());
-          gather_pool.free.push_back(it->second.buf);
-          gathered.erase(it);
-          break;
-        }
-      }
-      if (gather_pool.free.empty()) {
-        return OutOfBudgetError("engine: no free gather buffer for chunk " + std::to_string(chunk) + " (" +
-                                std::to_string(gather_buffers) +
-                                " buffers, all in use); raise strata.device_budget");
-      }
-    }
-    StartGather(chunk);
-  }
-  Gathered& g = gathered[chunk];
-  STRATA_RETURN_IF_ERROR(g.ready.get());
-  ++g.users;
-  return OkStatus();
-}
-
-void Engine::Impl::Prefetch(int pos) {
-  if (order->diverged() || pos < 0) return;  // off the recording, or an evaluation pass
-  const zero::Trace& trace = order->trace();
-  for (int p = pos + 1; p <= pos + prefetch_modules && p < trace.size(); ++p) {
-    for (int c : zero::GatheredChunks(trace.at(p), layout)) {
-      if (gathered.count(c)) continue;
-      if (gather_pool.free.empty()) return;  // in trace order: nothing later jumps the queue
-      StartGather(c);
-    }
-  }
-}
-
-int Engine::Impl::MeasuredPrefetch() {
-  const int gathers = gathers_timed.exchange(0);
-  const int64_t latency = gather_latency_ns.exchange(0);
-  int depth = prefetch_modules;
-  if (max_prefetch_modules > 0 && gathers > 0 && modules_timed > 0) {
-    depth = zero::PrefetchDepth(latency * 1e-9 / gathers, module_compute_ns * 1e-9 / modules_timed,
-                                max_prefetch_modules);
-    STRATA_LOG(kDebug, "engine") << "measured prefetch depth " << depth << " modules (gather "
-                                 << latency / 1e6 / gathers << " ms, module compute "
-                                 << module_compute_ns / 1e6 / modules_timed << " ms)";
-  }
-  module_compute_ns = 0;
-  modules_timed = 0;
-  return depth;
 }
 
 Status Engine::Impl::CheckHooksDone() const {
@@ -237,52 +161,12 @@ Status Engine::Impl::CheckHooksDone() const {
                                    model.modules[open_backward].name +
                                    "\" is open (BeginBackward without EndBackward)");
   }
-  for (const auto& [chunk, g] : gathered) {
-    if (g.users > 0) {
-      return FailedPreconditionError("engine: Step() while module hooks hold chunk " + std::to_string(chunk) +
-                                     " (call it after Release / EndBackward of every module)");
-    }
-  }
-  return OkStatus();
+  return stage == 3 ? gatherer->CheckNoneHeld() : OkStatus();
 }
 
 Status Engine::Impl::DropGathered() {
   STRATA_RETURN_IF_ERROR(CheckHooksDone());
-  Status first;
-  for (auto& [chunk, g] : gathered) {
-    Status st = g.ready.get();  // the buffer is free only once its gather is done
-    if (first.ok() && !st.ok()) first = st;
-    gather_pool.free.push_back(g.buf);
-  }
-  gathered.clear();
-  return first;
-}
-
-void Engine::Impl::ReleaseGathered(int module, int pos) {
-  for (int c : layout.module_chunks[module]) --gathered[c].users;
-  const bool follows = !order->diverged() && pos >= 0;
-  const zero::Trace& trace = order->trace();
-  std::vector<int> keep;
-  for (int p = pos + 1; follows && p <= pos + prefetch_modules && p < trace.size(); ++p) {
-    const auto& chunks = zero::GatheredChunks(trace.at(p), layout);
-    keep.insert(keep.end(), chunks.begin(), chunks.end());
-  }
-  for (auto it = gathered.begin(); it != gathered.end();) {
-    const bool needed = std::find(keep.begin(), keep.end(), it->first) != keep.end() ||
-                        (follows && zero::StaysGathered(order->uses(), kept_chunk, carried_chunk, it->first,
-                                                        pos, LastMicroBatch()));
-    // A chunk still in flight is waited for: releasing must not depend on timing.
-    if (it->second.users == 0 && !needed) {
-      Status st = it->second.ready.get();
-      if (!st.ok()) {
-        STRATA_LOG(kError, "engine") << "gather of chunk " << it->first << " failed: " << st.ToString();
-      }
-      gather_pool.free.push_back(it->second.buf);
-      it = gathered.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  return gatherer->DropAll();
 }
 
 void Engine::Impl::ReadStatesAhead() {

@@ -100,10 +100,7 @@ void Engine::Impl::CountBackwardUse(int chunk) {
 }
 
 Status Engine::Impl::EnterModule(int module, int pos) {
-  if (stage != 3) return OkStatus();
-  for (int c : layout.module_chunks[module]) STRATA_RETURN_IF_ERROR(EnsureGathered(c));
-  Prefetch(pos);
-  return OkStatus();
+  return stage == 3 ? gatherer->Enter(module, pos) : OkStatus();
 }
 
 ModuleParams Engine::Impl::ParamsOf(int module) {
@@ -144,7 +141,7 @@ Status Engine::Release(int module) {
   if (s.stage == 3) {
     // A released gather buffer may be refilled at once: the module's kernels must be done.
     STRATA_RETURN_IF_ERROR(s.FailHook(s.ops->WaitForModel(), "Release", module));
-    s.ReleaseGathered(module, s.open_pos[module]);
+    s.gatherer->Leave(module, s.open_pos[module], s.LastMicroBatch());
   }
   return OkStatus();
 }
@@ -189,7 +186,7 @@ Status Engine::EndBackward(int module) {
   // The reductions below read the module's gradients; a released gather buffer may be
   // refilled at once.
   STRATA_RETURN_IF_ERROR(s.FailHook(s.ops->WaitForModel(), "EndBackward", module));
-  if (s.stage == 3) s.ReleaseGathered(module, s.open_pos[module]);
+  if (s.stage == 3) s.gatherer->Leave(module, s.open_pos[module], s.LastMicroBatch());
   s.open_backward = -1;
   for (int c : s.layout.module_chunks[module]) s.CountBackwardUse(c);
   // Keep the queue short: drop finished reductions, surfacing their errors now.

@@ -30,6 +30,7 @@
 #include "zero/device_ops.h"
 #include "zero/layout.h"
 #include "zero/overlap_tuner.h"
+#include "zero/param_gatherer.h"
 #include "zero/save_gate.h"
 #include "zero/serial_worker.h"
 #include "zero/trace.h"
@@ -338,32 +339,12 @@ struct Engine::Impl {
   uint64_t grad_slot_bytes = 0;       // one gradient shard, 4 KiB aligned
   int opt_staging_count = 0;
 
-  // Stage 3 gathered chunks on the device.
-  struct Gathered {
-    void* buf = nullptr;
-    std::shared_future<Status> ready;
-    int users = 0;  // modules currently between Before and After
-  };
-  std::map<int, Gathered> gathered;
-  Pool gather_pool;
-  int gather_buffers = 0;
-  int prefetch_modules = 1;  // how far ahead in the trace gathers start (Step(), MeasuredPrefetch)
-  // By chunk: stays gathered from its forward use to its last backward use (keep_plan.h).
-  std::vector<uint8_t> kept_chunk;
-  // By chunk: stays from its last backward use to its forward use in the next
-  // micro-batch of the same step (gradient accumulation; keep_plan.h).
-  std::vector<uint8_t> carried_chunk;
-  int gather_evictions = 0;      // this step's (StepResult::gather_evictions); training thread
-  int max_prefetch_modules = 1;  // what the gather buffers allow
+  // Stage 3: which chunks are gathered on the device, and when (param_gatherer.h); made
+  // with the layout, configured once memory is. Other stages only time modules with it.
+  std::optional<zero::ParamGatherer> gatherer;
+  zero::GatherPlan gather_plan;  // PlanGatherBuffers'
   // Queued NVMe fetches that will take a parameter staging buffer on fetch_worker.
   std::atomic<int> fetches_awaiting_staging{0};
-  // This step's measurements for MeasuredPrefetch: gathers from issue to all-gathered (comm
-  // worker), module compute between hooks (training thread).
-  std::atomic<int64_t> gather_latency_ns{0};
-  std::atomic<int> gathers_timed{0};
-  int64_t module_compute_ns = 0;
-  int modules_timed = 0;
-
   // Gradient chunk buffers (fp32, device) handed to the model during backward, by chunk,
   // until the chunk is reduced (engine_reduce.cc).
   std::map<int, float*> grad_bufs;
@@ -499,24 +480,19 @@ struct Engine::Impl {
   void* ChunkParams(int chunk);  // compute copy of a chunk (stage 3: gathered)
   Status EnsureGathered(int chunk);
   void TimeModule() {
-    module_compute_ns +=
+    gatherer->NoteModuleCompute(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - module_start)
-            .count();
-    ++modules_timed;
+            .count());
   }
-  // The prefetch depth this step's measurements ask for (prefetch_depth.h); clears them.
-  int MeasuredPrefetch();
   // Releases every gathered chunk (Step(): the parameters are about to change).
   Status DropGathered();
-  // Starts gathers for the chunks of the next prefetch_modules modules after `pos`.
-  void Prefetch(int pos);
-  void StartGather(int chunk);
+  // The gatherer's StartFn: brings this rank's shard of `chunk` in from its tier and
+  // all-gathers the chunk into `buf` on fetch_worker and comm_worker.
+  std::shared_future<Status> StartChunkGather(int chunk, void* buf);
   // Reads this rank's 16-bit shard of `chunk` from NVMe into `staged`, as urgent I/O:
   // one read, or one per live piece (param_from_master). Its writes must be done.
   Result<std::vector<IoHandle>> ReadParamShard(int chunk, void* staged);
   uint64_t ShardReadBytes(int chunk) const;  // what ReadParamShard reads from disk
-  // After the module at `pos` ran: frees gathered chunks no module in the window needs.
-  void ReleaseGathered(int module, int pos);
   // NVMe tier: `fresh` is a borrowed copy in memory (BorrowFresh; returned here), else
   // `reads` are the reads already issued into `staged`, or none to read now.
   Status FetchShard(int chunk, void* dst, void* staged, std::vector<IoHandle> reads, void* fresh,

@@ -346,15 +346,7 @@ void Engine::Impl::AbandonStep(const Status& why, std::string call, int64_t step
     if (o.spec_done.valid()) (void)o.spec_done.get();
     o.spec_done = {};
   }
-  for (auto it = gathered.begin(); it != gathered.end();) {
-    (void)it->second.ready.get();  // the buffer is free only once its gather is done
-    if (it->second.users > 0) {
-      ++it;  // a module still runs on it
-      continue;
-    }
-    gather_pool.free.push_back(it->second.buf);
-    it = gathered.erase(it);
-  }
+  gatherer->DropUnheld();
   if (opt_tier == ZeroTier::kNvme) {
     (void)DropNvmeReads();
     // A write of the step before this one that failed now is a result lost as well.

@@ -91,7 +91,7 @@ Status Engine::Impl::WaitSpeculation() {
 // ranks must release and gather the same chunks).
 Result<Engine::Impl::GlobalStats> Engine::Impl::AgreeStats() {
   STRATA_ASSIGN_OR_RETURN(GradStats local, LocalGradStats());
-  GlobalStats g{local.sum_sq, local.has_inf_nan, stage == 3 ? MeasuredPrefetch() : 0};
+  GlobalStats g{local.sum_sq, local.has_inf_nan, stage == 3 ? gatherer->MeasuredPrefetch() : 0};
   if (stage == 0 || world_size == 1) return g;
   double mine[3] = {local.sum_sq, local.has_inf_nan ? 1.0 : 0.0, static_cast<double>(g.prefetch_depth)};
   std::vector<double> all(3 * world_size);
@@ -188,10 +188,10 @@ void Engine::Impl::TakeCounters(StepResult& r, int prefetch_depth) {
   r.optimizer_busy_s = opt_busy_ns.exchange(0) * 1e-9;
   r.comm_busy_s = comm_busy_ns.exchange(0) * 1e-9;
   r.io_busy_s = io_busy_ns.exchange(0) * 1e-9;
-  r.prefetch_modules = stage == 3 ? prefetch_modules : 0;
-  r.gather_evictions = std::exchange(gather_evictions, 0);
+  r.prefetch_modules = stage == 3 ? gatherer->prefetch_modules() : 0;
+  r.gather_evictions = gatherer->TakeEvictions();
   r.shards_from_memory = std::exchange(shards_from_memory, 0);
-  if (stage == 3) prefetch_modules = prefetch_depth;
+  if (stage == 3) gatherer->set_prefetch_modules(prefetch_depth);
   r.bytes_nvme_read = bytes_nvme_read.exchange(0);
   r.bytes_nvme_written = bytes_nvme_written.exchange(0);
   r.bytes_h2d = bytes_h2d.exchange(0);
