@@ -158,6 +158,9 @@ struct EngineLayoutInfo {
   int64_t chunk_elems = 0;
   int num_chunks = 0;
   int64_t shard_elems = 0;  // per chunk, per rank
+  // Chunks held by tensors larger than a chunk (a run each: an embedding of a large
+  // vocabulary). Their gathered values and gradients have device buffers of their own.
+  int run_chunks = 0;
   // What the engine holds on each tier: the fixed parts (need_parts, which the budgets
   // are checked against) and the optional ones the budgets left room for. NVMe: the
   // stores' slots, none for chunks whose optimizer state is resident (the disk's free

@@ -60,18 +60,30 @@ void Engine::Impl::PlanPieces() {
   piece_live = std::move(plan.piece_live);
 }
 
+uint64_t Engine::Impl::RunGradBytes() const { return RunChunks() * layout.chunk_elems * 4ull; }
+uint64_t Engine::Impl::RunParamBytes() const {
+  return stage == 3 ? RunChunks() * layout.chunk_elems * static_cast<uint64_t>(csize) : 0;
+}
+
 void Engine::Impl::PlanDeviceNeed(MemoryPlan& p) {
   const zero::Layout& l = layout;
   const uint64_t n_chunks = l.num_chunks, chunk16 = l.chunk_elems * csize;
   const std::string dt(DTypeName(compute));
-  for (const auto& chunks : l.module_chunks)
-    p.max_module_chunks = std::max(p.max_module_chunks, chunks.size());
+  // Pool buffers serve the chunks outside runs; a run's chunks have buffers of their own.
+  for (const auto& chunks : l.module_chunks) {
+    const size_t pooled = std::count_if(chunks.begin(), chunks.end(), [&](int c) { return !l.InRun(c); });
+    p.max_module_chunks = std::max(p.max_module_chunks, pooled);
+  }
   grad_buffers = static_cast<int>(p.max_module_chunks) + 1;
   p.recv_elems = (stage <= 1) ? l.chunk_elems : l.shard_elems;
   zero::TierNeed& d = p.device;
   d.Add(
       Part("fp32 gradient buffers for the largest module's " + Chunks(p.max_module_chunks) + " and one more",
            grad_buffers * l.chunk_elems * 4ull, NeedScale::kChunk));
+  if (RunChunks() > 0) {
+    d.Add(Part("fp32 gradient buffers of the tensors larger than a chunk (" + Chunks(RunChunks()) + ")",
+               RunGradBytes(), NeedScale::kModel));
+  }
   d.Add(Part(std::string("the fp32 reduce buffer (one ") + (stage <= 1 ? "chunk)" : "shard)"),
              p.recv_elems * 4, NeedScale::kChunk, "", stage > 1));
   if (stage < 3) {
@@ -90,6 +102,11 @@ void Engine::Impl::PlanDeviceNeed(MemoryPlan& p) {
     const int module_peak = zero::PeakGathered(l, order->trace(), {}, /*window=*/0);
     d.Add(Part("the largest module's gathered " + dt + " parameters (" + Chunks(module_peak) + ")",
                module_peak * chunk16, NeedScale::kChunk));
+    if (RunChunks() > 0) {
+      d.Add(Part("the gathered " + dt + " parameters of the tensors larger than a chunk (" +
+                     Chunks(RunChunks()) + ")",
+                 RunParamBytes(), NeedScale::kModel));
+    }
     d.Add(Part(Chunks(p.fixed_gather - module_peak) + " kept gathered for stage3_param_persistence_threshold",
                (p.fixed_gather - module_peak) * chunk16, NeedScale::kChunk,
                "lower zero_optimization.stage3_param_persistence_threshold"));

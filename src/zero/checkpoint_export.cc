@@ -43,7 +43,8 @@ const char* SafetensorsDType(DType d) {
 // A tensor of the output: its layout entry and where its bytes start in the file.
 struct OutTensor {
   const ckpt::TensorEntry* entry = nullptr;
-  uint64_t file_offset = 0;
+  uint64_t file_offset = 0;  // of its first element
+  int64_t start = 0;         // where it starts in the chunk listing it (negative inside a run)
 };
 
 struct ExportPlan {
@@ -72,7 +73,8 @@ Status CheckLayout(const ckpt::Manifest& m, const std::vector<size_t>& order, co
   for (size_t k = 1; k < order.size(); ++k) {
     const ckpt::TensorEntry& a = m.tensors[order[k - 1]];
     const ckpt::TensorEntry& b = m.tensors[order[k]];
-    if (a.chunk == b.chunk && a.offset + a.numel > b.offset)
+    const int64_t ce = i.chunk_elems;
+    if (a.chunk * ce + a.offset + a.numel > b.chunk * ce + b.offset)
       return bad("tensors \"" + a.name + "\" and \"" + b.name + "\" overlap");
   }
   return OkStatus();
@@ -103,7 +105,10 @@ Result<ExportPlan> PlanExport(const ckpt::Manifest& m, const std::string& dir, D
     header[e.name] = {{"dtype", SafetensorsDType(dtype)},
                       {"shape", e.shape},
                       {"data_offsets", {plan.data_bytes, plan.data_bytes + bytes}}};
-    plan.by_chunk[e.chunk].push_back({&e, plan.data_bytes});
+    const int64_t ce = m.info.chunk_elems;
+    const int last = e.chunk + static_cast<int>((e.offset + std::max<int64_t>(e.numel, 1) - 1) / ce);
+    for (int c = e.chunk; c <= last; ++c)
+      plan.by_chunk[c].push_back({&e, plan.data_bytes, (e.chunk - c) * ce + e.offset});
     plan.data_bytes += bytes;
   }
   std::string json = header.dump();
@@ -185,11 +190,11 @@ Status CopyShard(ckpt::FileReader& r, const std::vector<OutTensor>& tensors, int
                  DType dtype, std::vector<uint16_t>& convert, TmpOutput& out) {
   int64_t pos = lo;
   for (const OutTensor& t : tensors) {
-    const int64_t begin = std::max(lo, t.entry->offset);
-    const int64_t end = std::min(hi, t.entry->offset + t.entry->numel);
+    const int64_t begin = std::max(lo, t.start);
+    const int64_t end = std::min(hi, t.start + t.entry->numel);
     if (begin >= end) continue;
     STRATA_RETURN_IF_ERROR(r.Skip((begin - pos) * 4));
-    uint64_t at = t.file_offset + (begin - t.entry->offset) * DTypeSize(dtype);
+    uint64_t at = t.file_offset + (begin - t.start) * DTypeSize(dtype);
     for (int64_t left = end - begin; left > 0;) {
       STRATA_ASSIGN_OR_RETURN(std::span<const uint8_t> v, r.Next(std::min(left, kConvertElems) * 4));
       // The reader's buffers and sections are 4 KiB aligned: a view never splits a float.

@@ -61,7 +61,9 @@ Status CheckConsistent(const Manifest& m, const std::string& where) {
   if (i.state_ranks != (i.stage == 0 ? 1 : i.world_size)) return bad("state_ranks does not fit the stage");
   for (size_t t = 0; t < m.tensors.size(); ++t) {
     const TensorEntry& e = m.tensors[t];
-    if (e.chunk < 0 || e.chunk >= i.num_chunks || e.offset < 0 || e.offset + e.numel > i.chunk_elems)
+    // A tensor larger than a chunk runs on into the chunks after its first.
+    if (e.chunk < 0 || e.chunk >= i.num_chunks || e.offset < 0 || e.offset >= i.chunk_elems || e.numel < 0 ||
+        e.chunk * i.chunk_elems + e.offset + e.numel > i.num_chunks * i.chunk_elems)
       return bad("tensor \"" + e.name + "\" lies outside the layout");
   }
   for (int r = 0; r < i.state_ranks; ++r) {

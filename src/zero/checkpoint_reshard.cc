@@ -51,16 +51,19 @@ template <typename F>
 void ReshardSource::ForEachRun(int chunk, int64_t lo, int64_t hi, F&& f) const {
   const CheckpointInfo& i = m_->info;
   for (TensorId id : layout_->chunk_tensors[chunk]) {  // ascending offsets
-    const zero::TensorPlace& here = layout_->tensors[id];
-    const int64_t a = std::max(lo, here.offset), b = std::min(hi, here.offset + here.numel);
+    const int64_t here = layout_->StartIn(id, chunk);  // negative inside a run
+    const int64_t a = std::max(lo, here), b = std::min(hi, here + layout_->tensors[id].numel);
     if (a >= b) continue;
     const TensorEntry& saved = m_->tensors[id];
-    int64_t from = saved.offset + (a - here.offset);  // in the saved chunk
+    // In the saved layout's element positions, chunk after chunk (a saved tensor may
+    // run over several chunks too).
+    int64_t from = saved.chunk * i.chunk_elems + saved.offset + (a - here);
     for (int64_t at = a; at < b;) {
-      const int rank = i.state_ranks == 1 ? 0 : static_cast<int>(from / i.shard_elems);
-      const int64_t in_shard = from - rank * i.shard_elems;
-      const int64_t n = std::min(b - at, i.shard_elems - in_shard);
-      f(at - lo, n, rank, saved.chunk * i.chunk_bytes + static_cast<uint64_t>(in_shard) * 4);
+      const int64_t saved_chunk = from / i.chunk_elems, in_chunk = from % i.chunk_elems;
+      const int rank = i.state_ranks == 1 ? 0 : static_cast<int>(in_chunk / i.shard_elems);
+      const int64_t in_shard = in_chunk - rank * i.shard_elems;
+      const int64_t n = std::min({b - at, i.shard_elems - in_shard, i.chunk_elems - in_chunk});
+      f(at - lo, n, rank, saved_chunk * i.chunk_bytes + static_cast<uint64_t>(in_shard) * 4);
       at += n;
       from += n;
     }

@@ -29,10 +29,10 @@ void FillChunkRange(const zero::Layout& l, int chunk, int64_t begin, int64_t cou
                     float* out) {
   std::fill(out, out + count, 0.0f);
   for (TensorId id : l.chunk_tensors[chunk]) {
-    const zero::TensorPlace& t = l.tensors[id];
-    int64_t lo = std::max(begin, t.offset), hi = std::min(begin + count, t.offset + t.numel);
+    const int64_t start = l.StartIn(id, chunk);  // negative inside a run
+    int64_t lo = std::max(begin, start), hi = std::min(begin + count, start + l.tensors[id].numel);
     if (lo >= hi) continue;
-    init(id, lo - t.offset, hi - lo, out + (lo - begin));
+    init(id, lo - start, hi - lo, out + (lo - begin));
   }
 }
 
@@ -311,6 +311,7 @@ Status Engine::Impl::PlanLayout(MemoryPlan& plan) {
   info.num_params = l.num_params;
   info.chunk_elems = l.chunk_elems;
   info.num_chunks = l.num_chunks;
+  info.run_chunks = RunChunks();
   info.shard_elems = l.shard_elems;
   STRATA_RETURN_IF_ERROR(PlanMemory(plan));
   PlanExtras(plan);
@@ -360,8 +361,31 @@ Status Engine::Impl::AllocateMemory() {
   return OkStatus();
 }
 
+Status Engine::Impl::AllocateRuns(uint64_t elem_bytes, const char* what, std::vector<void*>& places) {
+  const zero::Layout& l = layout;
+  places.clear();
+  if (RunChunks() == 0) return OkStatus();
+  places.assign(l.num_chunks, nullptr);
+  for (int c = 0; c < l.num_chunks; ++c) {
+    if (l.run_first[c] != c) continue;
+    const uint64_t chunk_bytes = l.chunk_elems * elem_bytes;
+    STRATA_ASSIGN_OR_RETURN(void* p, DeviceAlloc(l.run_length[c] * chunk_bytes, what));
+    // Padding must read as zero in every reduce and gather.
+    STRATA_RETURN_IF_ERROR(ops->Zero(zero::OpsLane::kTraining, p, l.run_length[c] * chunk_bytes));
+    for (int k = 0; k < l.run_length[c]; ++k) places[c + k] = static_cast<uint8_t*>(p) + k * chunk_bytes;
+  }
+  return OkStatus();
+}
+
 Status Engine::Impl::AllocateBuffers(const MemoryPlan& plan) {
   const zero::Layout& l = layout;
+  {
+    std::vector<void*> places;
+    STRATA_RETURN_IF_ERROR(AllocateRuns(4, "gradients of tensors larger than a chunk", places));
+    run_grad.assign(places.size(), nullptr);
+    for (size_t c = 0; c < places.size(); ++c) run_grad[c] = static_cast<float*>(places[c]);
+    run_grad_busy.assign(places.size(), 0);
+  }
   for (int i = 0; i < grad_buffers; ++i) {
     STRATA_ASSIGN_OR_RETURN(void* p, DeviceAlloc(l.chunk_elems * 4, "gradient buffers"));
     // Padding must read as zero in every reduce.
@@ -384,7 +408,8 @@ Status Engine::Impl::AllocateBuffers(const MemoryPlan& plan) {
       STRATA_ASSIGN_OR_RETURN(void* p, DeviceAlloc(chunk16, "gathered chunks"));
       buffers.push_back(p);
     }
-    gatherer->Configure(gather_plan, std::move(buffers));
+    STRATA_RETURN_IF_ERROR(AllocateRuns(csize, "gathered tensors larger than a chunk", run_params));
+    gatherer->Configure(gather_plan, std::move(buffers), run_params);
   }
   if (grad_tier != ZeroTier::kDevice) {
     STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(RecvStagingElems() * 4, "gradient staging"));

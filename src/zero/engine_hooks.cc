@@ -214,20 +214,27 @@ Status Engine::AccumulateGrad(TensorId tensor, const void* grad, DType dtype) {
   }
   if (!s.in_micro_batch) STRATA_RETURN_IF_ERROR(BeginMicroBatch());
   const zero::TensorPlace& t = s.layout.tensors[tensor];
-  STRATA_RETURN_IF_ERROR(s.CheckNotFinal(
-      t.chunk, "gradient of tensor \"" + s.model.tensors[tensor].name + "\"", "AccumulateGrad", tensor));
+  const int first = s.layout.FirstChunk(tensor), last = s.layout.LastChunk(tensor);
+  for (int c = first; c <= last; ++c) {
+    STRATA_RETURN_IF_ERROR(s.CheckNotFinal(c, "gradient of tensor \"" + s.model.tensors[tensor].name + "\"",
+                                           "AccumulateGrad", tensor));
+  }
   s.order->Note(zero::UseKind::kGrad, tensor);
   // The gradient was written by the model's kernels.
   STRATA_RETURN_IF_ERROR(s.FailHook(s.ops->WaitForModel(), "AccumulateGrad", tensor));
-  if (!s.grad_bufs.count(t.chunk)) {
-    STRATA_RETURN_IF_ERROR(s.FailHook(s.HoldGradBuffer(t.chunk, {t.chunk}), "AccumulateGrad", tensor));
+  std::vector<int> chunks;
+  for (int c = first; c <= last; ++c) chunks.push_back(c);
+  for (int c : chunks) {
+    if (!s.grad_bufs.count(c))
+      STRATA_RETURN_IF_ERROR(s.FailHook(s.HoldGradBuffer(c, chunks), "AccumulateGrad", tensor));
   }
+  // A run's chunks have adjacent buffers (HoldGradBuffer): the tensor is one span.
   Status added =
       s.ops->AddGradient(zero::OpsLane::kTraining, s.grad_bufs[t.chunk] + t.offset, grad, dtype, t.numel,
                          /*overwrite=*/!s.grad_written[tensor]);
   STRATA_RETURN_IF_ERROR(s.FailHook(added, "AccumulateGrad", tensor));
   s.grad_written[tensor] = 1;
-  s.CountBackwardUse(t.chunk);
+  for (int c : chunks) s.CountBackwardUse(c);
   return OkStatus();
 }
 

@@ -350,6 +350,23 @@ struct Engine::Impl {
   std::map<int, float*> grad_bufs;
   Pool grad_pool;
   int grad_buffers = 0;
+  // Runs (layout.h): by chunk, its place in its run's own gradient buffer (nullptr
+  // outside runs), so that a tensor larger than a chunk is one span for the model. A
+  // place is busy from HoldGradBuffer until its reduction gives it back; guarded by
+  // grad_pool.mu.
+  std::vector<float*> run_grad;
+  std::vector<uint8_t> run_grad_busy;
+  // A held chunk's buffer back: to grad_pool, or a run chunk's place marked free.
+  void GiveGradBuffer(int chunk, float* g);
+  // Stage 3: by chunk, its place in its run's own gather buffer (nullptr outside runs).
+  std::vector<void*> run_params;
+  // Device bytes of the runs' own buffers: fp32 gradients and (stage 3) gathered values.
+  uint64_t RunGradBytes() const;
+  uint64_t RunParamBytes() const;
+  int RunChunks() const {
+    return static_cast<int>(
+        std::count_if(layout.run_first.begin(), layout.run_first.end(), [](int f) { return f >= 0; }));
+  }
   std::vector<int> pending_backward;       // by chunk: backward uses the recording still expects
   std::vector<uint8_t> reduced_final;      // by chunk: its final reduction of this micro-batch is issued
   std::vector<uint8_t> reduced_in_window;  // by chunk: reduced at least once since the last Step()
@@ -434,7 +451,10 @@ struct Engine::Impl {
     int spares = 0;                // speculation spares (optional)
   };
   Status AllocateBuffers(const MemoryPlan& plan);  // gradient, reduce, gather and staging buffers
-  Status AllocateShards(const MemoryPlan& plan);   // optimizer state, gradient and parameter shards
+  // One zeroed device buffer per run of `elem_bytes` values a chunk element; `places`
+  // by chunk (empty without runs).
+  Status AllocateRuns(uint64_t elem_bytes, const char* what, std::vector<void*>& places);
+  Status AllocateShards(const MemoryPlan& plan);  // optimizer state, gradient and parameter shards
   Status OpenNvmeStores();
   Status InitParams(const ParamInit& init);
   Result<void*> DeviceAlloc(uint64_t bytes, const char* what);
@@ -584,6 +604,9 @@ struct Engine::Impl {
   Status PublishParams(int chunk, const void* out16_src, bool from_host);
   Status AllGatherParams();
   Result<GradStats> LocalGradStats();
+  // GatherMaster's part: the master values of `chunk`, whole, summed over the ranks
+  // (collective); `tensor` names the caller in errors.
+  Status GatherChunkMaster(int chunk, TensorId tensor, std::vector<float>& full);
   void* Out16Target(int chunk, bool* on_host);
 
   // --- views for tests (engine_corruption_test.cc): they change nothing the engine does ---

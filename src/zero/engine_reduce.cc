@@ -16,9 +16,25 @@
 
 namespace strata {
 
+void Engine::Impl::GiveGradBuffer(int chunk, float* g) {
+  if (!layout.InRun(chunk)) return grad_pool.Give(g);
+  {
+    std::lock_guard lock(grad_pool.mu);
+    run_grad_busy[chunk] = 0;
+  }
+  grad_pool.cv.notify_all();
+}
+
 Status Engine::Impl::HoldGradBuffer(int chunk, const std::vector<int>& in_use) {
   void* buf = nullptr;
-  while ((buf = grad_pool.TryTake()) == nullptr) {
+  if (layout.InRun(chunk)) {
+    // Its place is its own: free once the last reduction from it is done.
+    std::unique_lock lock(grad_pool.mu);
+    grad_pool.cv.wait(lock, [&] { return !run_grad_busy[chunk]; });
+    run_grad_busy[chunk] = 1;
+    buf = run_grad[chunk];
+  }
+  while (buf == nullptr && (buf = grad_pool.TryTake()) == nullptr) {
     // A reduction gives its buffer back before its future is ready, and another take may
     // already have had that buffer: wait for the reduction itself, then look again, never
     // for the pool (which may get nothing more).
@@ -35,7 +51,8 @@ Status Engine::Impl::HoldGradBuffer(int chunk, const std::vector<int>& in_use) {
     // chunk, or a micro-batch off the recording): reduce one that this use does not need
     // now as a partial sum; its reduction then runs, and the loop waits for it.
     auto victim = std::find_if(grad_bufs.begin(), grad_bufs.end(), [&](const auto& held) {
-      return std::find(in_use.begin(), in_use.end(), held.first) == in_use.end();
+      return !layout.InRun(held.first) &&  // a run chunk's place frees no buffer
+             std::find(in_use.begin(), in_use.end(), held.first) == in_use.end();
     });
     if (victim == grad_bufs.end()) {
       return OutOfBudgetError("engine: no free gradient buffer for chunk " + std::to_string(chunk) + " (" +
@@ -48,7 +65,7 @@ Status Engine::Impl::HoldGradBuffer(int chunk, const std::vector<int>& in_use) {
   for (auto [lo, hi] : layout.chunk_gaps[chunk]) {
     Status z = ops->Zero(zero::OpsLane::kTraining, g + lo, (hi - lo) * 4);
     if (!z.ok()) {
-      grad_pool.Give(g);
+      GiveGradBuffer(chunk, g);
       return z;
     }
   }
@@ -65,8 +82,10 @@ void Engine::Impl::SubmitReduce(int chunk, bool final) {
   Status zeroed;
   for (TensorId id : layout.chunk_tensors[chunk]) {
     if (grad_written[id] || !zeroed.ok()) continue;
-    const zero::TensorPlace& t = layout.tensors[id];
-    zeroed = ops->Zero(zero::OpsLane::kTraining, g + t.offset, t.numel * 4);
+    const int64_t start = layout.StartIn(id, chunk);  // the tensor's part in this chunk
+    const int64_t lo = std::max<int64_t>(0, start);
+    const int64_t hi = std::min(layout.chunk_elems, start + layout.tensors[id].numel);
+    zeroed = ops->Zero(zero::OpsLane::kTraining, g + lo, (hi - lo) * 4);
   }
   const bool first = !reduced_in_window[chunk];
   reduced_in_window[chunk] = 1;
@@ -75,7 +94,7 @@ void Engine::Impl::SubmitReduce(int chunk, bool final) {
   // thread: the worker may run after the next micro-batch has begun.
   const bool last = final && LastMicroBatch();
   if (!zeroed.ok()) {
-    grad_pool.Give(g);
+    GiveGradBuffer(chunk, g);
     std::promise<Status> failed;
     failed.set_value(zeroed);
     reduces.push_back(failed.get_future().share());
@@ -114,7 +133,7 @@ Status Engine::Impl::ReduceChunk(int chunk, float* grad, bool first_in_window, b
     // which is the overflow the loss scaler reacts to.
     st = ops->RoundThroughFp16(zero::OpsLane::kReduce, grad, chunk_elems);
     if (!st.ok()) {
-      grad_pool.Give(grad);
+      GiveGradBuffer(chunk, grad);
       return st.WithContext("reducing the gradients of chunk " + std::to_string(chunk));
     }
   }
@@ -138,7 +157,7 @@ Status Engine::Impl::ReduceChunk(int chunk, float* grad, bool first_in_window, b
   const ZeroTier tier = GradTierOf(chunk);
   if (st.ok() && tier == ZeroTier::kNvme) {
     st = AccumulateGradOnNvme(chunk, part, first_in_window, last_micro_batch);  // speculates itself
-    grad_pool.Give(grad);
+    GiveGradBuffer(chunk, grad);
     return st.WithContext("reducing the gradients of chunk " + std::to_string(chunk));
   }
   if (st.ok()) {
@@ -146,7 +165,7 @@ Status Engine::Impl::ReduceChunk(int chunk, float* grad, bool first_in_window, b
              ? AccumulateToHost(opt[chunk].grad, part)
              : OpsOn(tier).Accumulate(zero::OpsLane::kReduce, opt[chunk].grad, part, opt_elems);
   }
-  grad_pool.Give(grad);
+  GiveGradBuffer(chunk, grad);
   if (!st.ok()) return st.WithContext("reducing the gradients of chunk " + std::to_string(chunk));
   if (last_micro_batch) MaybeSpeculate(chunk);
   return OkStatus();

@@ -338,7 +338,7 @@ void Engine::Impl::AbandonStep(const Status& why, std::string call, int64_t step
   // Reductions still queued would go on writing gradient shards and speculating. Their
   // errors are this failure's consequences: the first one was reported.
   (void)WaitReduces();
-  for (auto& [chunk, g] : grad_bufs) grad_pool.Give(g);
+  for (auto& [chunk, g] : grad_bufs) GiveGradBuffer(chunk, g);
   grad_bufs.clear();
   open_backward = -1;
   opt_worker.Drain();
@@ -365,22 +365,39 @@ Status Engine::GatherMaster(TensorId tensor, std::vector<float>* out) {
                                 ": the model declared " + std::to_string(s.layout.tensors.size()) +
                                 " tensors");
   }
-  const zero::TensorPlace& t = s.layout.tensors[tensor];
+  const zero::Layout& l = s.layout;
+  out->clear();
+  out->reserve(l.tensors[tensor].numel);
+  // Chunk by chunk: a tensor larger than a chunk lies in a run of them.
+  for (int chunk = l.FirstChunk(tensor); chunk <= l.LastChunk(tensor); ++chunk) {
+    std::vector<float> full;
+    STRATA_RETURN_IF_ERROR(s.GatherChunkMaster(chunk, tensor, full));
+    const int64_t start = l.StartIn(tensor, chunk);
+    const int64_t lo = std::max<int64_t>(0, start),
+                  hi = std::min(l.chunk_elems, start + l.tensors[tensor].numel);
+    out->insert(out->end(), full.begin() + lo, full.begin() + hi);
+  }
+  return OkStatus();
+}
+
+// The whole chunk's master values, on every rank.
+Status Engine::Impl::GatherChunkMaster(int chunk, TensorId tensor, std::vector<float>& full) {
+  Impl& s = *this;
   // This rank's master values of the chunk, placed in a zeroed full chunk, summed over
   // the ranks (each position is owned by exactly one rank; stage 0: rank 0's copy).
-  std::vector<float> full(s.layout.chunk_elems, 0.0f);
+  full.assign(s.layout.chunk_elems, 0.0f);
   if (s.stage > 0 || s.rank == 0) {
-    Impl::OptChunk& o = s.opt[t.chunk];
-    if (s.OptTierOf(t.chunk) == ZeroTier::kNvme) {
+    Impl::OptChunk& o = s.opt[chunk];
+    if (s.OptTierOf(chunk) == ZeroTier::kNvme) {
       // The optimizer worker owns the staging pool and the writes during a micro-batch.
       // A reduction that failed leaves the window without its gradients, as in a hook.
       STRATA_RETURN_IF_ERROR(s.FailHook(s.WaitReduces(), "GatherMaster", tensor));
       s.opt_worker.Drain();
       STRATA_RETURN_IF_ERROR(s.FailBehind(s.WaitNvmeWrites(/*report=*/s.failed.ok())));
-      STRATA_RETURN_IF_ERROR(s.ReadMaster(t.chunk, full.data() + s.opt_offset));
+      STRATA_RETURN_IF_ERROR(s.ReadMaster(chunk, full.data() + s.opt_offset));
     } else {
       STRATA_RETURN_IF_ERROR(
-          s.OpsOn(s.OptTierOf(t.chunk))
+          s.OpsOn(s.OptTierOf(chunk))
               .ReadToHost(zero::OpsLane::kTraining, full.data() + s.opt_offset, o.state, s.opt_elems * 4));
     }
   }
@@ -390,7 +407,6 @@ Status Engine::GatherMaster(TensorId tensor, std::vector<float>* out) {
     });
     STRATA_RETURN_IF_ERROR(done.get());
   }
-  out->assign(full.begin() + t.offset, full.begin() + t.offset + t.numel);
   return OkStatus();
 }
 

@@ -34,7 +34,9 @@ KeepPlan PlanKeep(const Layout& l, const Trace& trace, uint64_t max_reuse_distan
   plan.kept.assign(l.num_chunks, 0);
   if (persistence_threshold > 0) {
     std::vector<int64_t> largest(l.num_chunks, 0);
-    for (const TensorPlace& t : l.tensors) largest[t.chunk] = std::max(largest[t.chunk], t.numel);
+    for (TensorId id = 0; id < static_cast<TensorId>(l.tensors.size()); ++id)
+      for (int c = l.FirstChunk(id); c <= l.LastChunk(id); ++c)
+        largest[c] = std::max(largest[c], l.tensors[id].numel);
     for (int c = 0; c < l.num_chunks; ++c) {
       if (static_cast<uint64_t>(largest[c]) < persistence_threshold) {
         plan.kept[c] = 1;
@@ -103,7 +105,7 @@ int PeakGathered(const Layout& l, const Trace& trace, const std::vector<uint8_t>
       const int end = std::min(pos + window, n - 1);
       for (int p = pos; p <= end; ++p) {
         for (int c : GatheredChunks(trace.at(p), l)) {
-          if (!in[c]) ++count;
+          if (!in[c] && !l.InRun(c)) ++count;  // a run's chunks have a buffer of their own
           in[c] = 1;
         }
       }
@@ -115,7 +117,7 @@ int PeakGathered(const Layout& l, const Trace& trace, const std::vector<uint8_t>
       for (int c = 0; c < l.num_chunks; ++c) {
         if (in[c] && !wanted[c] && !StaysGathered(u, kept, carried, c, pos, last)) {
           in[c] = 0;
-          --count;
+          if (!l.InRun(c)) --count;
         }
       }
     }

@@ -55,8 +55,9 @@ bool StaysGathered(const ChunkUses& uses, const std::vector<uint8_t>& kept,
 // The most chunks gathered at once over `micro_batches` micro-batches of the trace when
 // each module gathers its chunks and those of the next `window` modules (within its
 // micro-batch) and releases what neither the window nor StaysGathered holds: the gather
-// buffers the engine needs (engine_gather.cc follows the same rules). Three micro-batches
-// stand for any more (the middle ones repeat).
+// buffers the engine needs (param_gatherer.h follows the same rules). A run's chunks are
+// not counted: they have a buffer of their own. Three micro-batches stand for any more
+// (the middle ones repeat).
 int PeakGathered(const Layout& l, const Trace& trace, const std::vector<uint8_t>& kept, int window,
                  const std::vector<uint8_t>& carried = {}, int micro_batches = 1);
 

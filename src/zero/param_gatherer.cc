@@ -18,9 +18,11 @@ int GatherPlan::carried_count() const {
 ParamGatherer::ParamGatherer(const Layout& layout, const CallOrder& order, StartFn start)
     : layout_(layout), order_(order), start_(std::move(start)) {}
 
-void ParamGatherer::Configure(const GatherPlan& plan, std::vector<void*> buffers) {
+void ParamGatherer::Configure(const GatherPlan& plan, std::vector<void*> buffers,
+                              std::vector<void*> run_places) {
   plan_ = plan;
   free_ = std::move(buffers);
+  run_places_ = std::move(run_places);
   prefetch_modules_ = plan.max_prefetch_modules;  // until a step has measured (MeasuredPrefetch)
 }
 
@@ -32,8 +34,12 @@ void* ParamGatherer::Params(int chunk) const {
 
 void ParamGatherer::Start(int chunk) {
   Gathered g;
-  g.buf = free_.back();
-  free_.pop_back();
+  if (InRun(chunk)) {
+    g.buf = run_places_[chunk];
+  } else {
+    g.buf = free_.back();
+    free_.pop_back();
+  }
   g.ready = start_(chunk, g.buf);
   gathered_[chunk] = std::move(g);
 }
@@ -41,7 +47,7 @@ void ParamGatherer::Start(int chunk) {
 Status ParamGatherer::FreeUnused(int chunk) {
   // The oldest prefetch that no module uses now gives its buffer back.
   for (auto it = gathered_.begin(); it != gathered_.end(); ++it) {
-    if (it->second.users > 0) continue;
+    if (it->second.users > 0 || InRun(it->first)) continue;  // a run's frees no buffer
     if (evictions_++ == 0) {
       STRATA_LOG(kWarn, "engine") << "no planned gather buffer free for chunk " << chunk << "; chunk "
                                   << it->first
@@ -49,7 +55,7 @@ Status ParamGatherer::FreeUnused(int chunk) {
                                   << "again later)";
     }
     STRATA_RETURN_IF_ERROR(it->second.ready.get());
-    free_.push_back(it->second.buf);
+    Free(it->first, it->second.buf);
     gathered_.erase(it);
     return OkStatus();
   }
@@ -60,7 +66,7 @@ Status ParamGatherer::FreeUnused(int chunk) {
 
 Status ParamGatherer::EnsureGathered(int chunk) {
   if (!gathered_.count(chunk)) {
-    if (free_.empty()) STRATA_RETURN_IF_ERROR(FreeUnused(chunk));
+    if (!InRun(chunk) && free_.empty()) STRATA_RETURN_IF_ERROR(FreeUnused(chunk));
     Start(chunk);
   }
   Gathered& g = gathered_[chunk];
@@ -75,7 +81,7 @@ void ParamGatherer::Prefetch(int pos) {
   for (int p = pos + 1; p <= pos + prefetch_modules_ && p < trace.size(); ++p) {
     for (int c : GatheredChunks(trace.at(p), layout_)) {
       if (gathered_.count(c)) continue;
-      if (free_.empty()) return;  // in trace order: nothing later jumps the queue
+      if (!InRun(c) && free_.empty()) return;  // in trace order: nothing later jumps the queue
       Start(c);
     }
   }
@@ -108,7 +114,7 @@ void ParamGatherer::Leave(int module, int pos, bool last_micro_batch) {
     Status st = it->second.ready.get();
     if (!st.ok())
       STRATA_LOG(kError, "engine") << "gather of chunk " << it->first << " failed: " << st.ToString();
-    free_.push_back(it->second.buf);
+    Free(it->first, it->second.buf);
     it = gathered_.erase(it);
   }
 }
@@ -129,7 +135,7 @@ Status ParamGatherer::DropAll() {
   for (auto& [chunk, g] : gathered_) {
     Status st = g.ready.get();  // the buffer is free only once its gather is done
     if (first.ok() && !st.ok()) first = st;
-    free_.push_back(g.buf);
+    Free(chunk, g.buf);
   }
   gathered_.clear();
   return first;
@@ -142,7 +148,7 @@ void ParamGatherer::DropUnheld() {
       ++it;  // a module still runs on it
       continue;
     }
-    free_.push_back(it->second.buf);
+    Free(it->first, it->second.buf);
     it = gathered_.erase(it);
   }
 }

@@ -48,9 +48,10 @@ class ParamGatherer {
   // `layout` and `order` must outlive the gatherer.
   ParamGatherer(const Layout& layout, const CallOrder& order, StartFn start);
 
-  // The plan, and device buffers for plan.buffers chunks (the engine owns their memory).
-  // Before the first gather.
-  void Configure(const GatherPlan& plan, std::vector<void*> buffers);
+  // The plan, device buffers for plan.buffers chunks, and by chunk the place of each
+  // run's chunk in its run's own buffer (nullptr outside runs; empty: no runs). The
+  // engine owns their memory. Before the first gather.
+  void Configure(const GatherPlan& plan, std::vector<void*> buffers, std::vector<void*> run_places = {});
 
   // The buffer of a gathered chunk; the chunk must be gathered (Enter).
   void* Params(int chunk) const;
@@ -101,6 +102,11 @@ class ParamGatherer {
   StartFn start_;
   GatherPlan plan_;
   std::vector<void*> free_;
+  std::vector<void*> run_places_;
+  bool InRun(int chunk) const { return !run_places_.empty() && run_places_[chunk] != nullptr; }
+  void Free(int chunk, void* buf) {
+    if (!InRun(chunk)) free_.push_back(buf);
+  }
   std::map<int, Gathered> gathered_;
   int prefetch_modules_ = 1;
   int evictions_ = 0;

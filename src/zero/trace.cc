@@ -49,7 +49,8 @@ ChunkUses UsesOf(const Trace& trace, const Layout& layout) {
   for (int p = 0; p < trace.size(); ++p) {
     const ModuleUse& use = trace.at(p);
     if (use.kind == UseKind::kGrad) {
-      ++u.backward_uses[layout.tensors[use.module].chunk];
+      for (int c = layout.FirstChunk(use.module); c <= layout.LastChunk(use.module); ++c)
+        ++u.backward_uses[c];
       continue;
     }
     for (int c : layout.module_chunks[use.module]) {

@@ -22,12 +22,16 @@ struct ExportSubject {
 
 // Trains the tied chain two steps with `combo`, saves into CheckpointRoot(name)/ckpt and
 // gathers every master (collective).
-inline ExportSubject SaveForExport(Communicator& world, const std::string& name, const Combo& combo) {
-  ModelDecl tied = PlainChain(4);
-  AddSharedLinear(&tied, /*weight=*/0, /*bias=*/-1);
-  const ResumeSubject subject = ChainSubject(world, ChainSetup{tied, Always(Sequential(5))});
-  ExportSubject s{CheckpointRoot(name) + "/ckpt", tied, {}};
-  const Config config = MakeConfig(combo);
+// With `runs`, the chain of ChainWithRuns instead: two tensors of three chunks each.
+inline ExportSubject SaveForExport(Communicator& world, const std::string& name, const Combo& combo,
+                                   bool runs = false) {
+  ModelDecl model = PlainChain(4);
+  AddSharedLinear(&model, /*weight=*/0, /*bias=*/-1);
+  if (runs) model = ChainWithRuns(world.size());
+  const ChainProgram program = Sequential(runs ? 12 : 5);
+  const ResumeSubject subject = ChainSubject(world, ChainSetup{model, Always(program)});
+  ExportSubject s{CheckpointRoot(name) + "/ckpt", model, {}};
+  const Config config = MakeConfig(combo, runs ? kRunChunks : "");
   auto box = subject.make(config, /*other_init=*/false);
   EXPECT_TRUE(box.ok()) << box.status().ToString();
   if (!box.ok()) return s;

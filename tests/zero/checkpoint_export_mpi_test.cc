@@ -28,5 +28,16 @@ TEST(CheckpointExportMpi, ExportOfEveryRanksShardsEqualsGatherMaster) {
   }
 }
 
+// Tensors of three chunks (runs): every rank's shard of each of the run's chunks.
+TEST(CheckpointExportMpi, TensorsLargerThanAChunkExportWhole) {
+  for (const Combo& c : {Combo{3, "nvme", "nvme"}, Combo{0, "none", "none"}}) {
+    SCOPED_TRACE(ComboName(c));
+    const std::string name = "export-mpi-runs-stage" + std::to_string(c.stage);
+    const ExportSubject s = SaveForExport(World(), name, c, /*runs=*/true);
+    if (World().rank() == 0) CheckExport(s, DType::kF32, CheckpointRoot(name) + "/weights.safetensors");
+    ASSERT_TRUE(World().Barrier().Wait().ok());
+  }
+}
+
 }  // namespace
 }  // namespace strata::testing

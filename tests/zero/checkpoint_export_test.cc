@@ -38,6 +38,19 @@ TEST(EngineCheckpoint, ExportsEveryTensorOnceAsSafetensors) {
   }
 }
 
+// Tensors of three chunks (runs, layout.h): each is written whole, from three chunks'
+// sections of every rank's file.
+TEST(EngineCheckpoint, ExportsTensorsLargerThanAChunk) {
+  for (const Combo& c : {Combo{0, "none", "none"}, Combo{3, "nvme", "nvme"}}) {
+    SCOPED_TRACE(ComboName(c));
+    const std::string name = "export-runs-stage" + std::to_string(c.stage);
+    fs::remove_all(CheckpointRoot(name));
+    const ExportSubject s = SaveForExport(World(), name, c, /*runs=*/true);
+    CheckExport(s, DType::kF32, CheckpointRoot(name) + "/weights.safetensors");
+    CheckExport(s, DType::kBf16, CheckpointRoot(name) + "/weights-bf16.safetensors");
+  }
+}
+
 TEST(EngineCheckpoint, ExportOfACorruptCheckpointWritesNothing) {
   const std::string root = CheckpointRoot("export-corrupt");
   fs::remove_all(root);

@@ -24,6 +24,17 @@ TEST(EngineCheckpointMpi, ChainModelsResumeBitExact) {
   CheckChainResumes(World(), {{1, "cpu", "none"}, {3, "nvme", "nvme"}});
 }
 
+// Tensors of three chunks (runs): saved sharded, resumed, and loaded into one rank's
+// layout (another chunk size, so the runs are gone) and back.
+TEST(EngineCheckpointMpi, TensorsLargerThanAChunkResumeBitExact) {
+  const ResumeSubject runs =
+      ChainSubject(World(), ChainSetup{ChainWithRuns(World().size()), Always(Sequential(12))});
+  for (const Combo& c : {Combo{3, "nvme", "nvme"}, Combo{2, "cpu", "none"}})
+    CheckResumeBitExact(runs, c, c, kRunChunks);
+  CheckLoadBitExact(runs, {3, "cpu", "nvme"}, kRunChunks, {1, "cpu", "none"},
+                    R"({"strata": {"chunk_size": "1MiB"}})");
+}
+
 TEST(EngineCheckpointMpi, LoadsIntoAnotherShardedStageAndOffload) {
   CheckResumeBitExact(World(), {3, "nvme", "nvme"}, {1, "cpu", "none"});
   CheckResumeBitExact(World(), {2, "none", "none"}, {3, "cpu", "nvme"});

@@ -294,6 +294,15 @@ TEST(EngineCheckpoint, LoadsIntoAnotherChunkSizeBitExact) {
   CheckLoadBitExact(chain, {3, "nvme", "nvme"}, "", {1, "cpu", "none"}, kBigChunks);
 }
 
+// Tensors of three chunks (runs, layout.h) resume bit for bit from every tier, and load
+// into a chunk size that holds them whole, and back.
+TEST(EngineCheckpoint, TensorsLargerThanAChunkResumeAndReshardBitExact) {
+  const ResumeSubject runs = ChainSubject(World(), ChainSetup{ChainWithRuns(1), Always(Sequential(12))});
+  for (const Combo& c : ResumeCombos()) CheckResumeBitExact(runs, c, c, kRunChunks);
+  CheckLoadBitExact(runs, {3, "nvme", "nvme"}, kRunChunks, {1, "cpu", "none"}, kBigChunks);
+  CheckLoadBitExact(runs, {2, "cpu", "none"}, kBigChunks, {3, "cpu", "nvme"}, kRunChunks);
+}
+
 // A resharding load checks every saved section it takes values from before it changes
 // anything: a corrupt one is named, and the engine trains on as it was.
 TEST(EngineCheckpoint, AReshardingLoadChecksWhatItReadsBeforeItChangesAnything) {

@@ -23,5 +23,9 @@ TEST(EngineGptMpi, UntiedHeadMatchesTheReference) { CheckGptVariants(MpiWorld(),
 
 TEST(EngineGptMpi, Bf16MatchesTheReference) { CheckGptVariants(MpiWorld(), Variant(4), AllCombos()); }
 
+TEST(EngineGptMpi, AVocabularyLargerThanAChunkMatchesTheReference) {
+  CheckGptVariants(MpiWorld(), Variant(5), AllCombos());
+}
+
 }  // namespace
 }  // namespace strata::testing

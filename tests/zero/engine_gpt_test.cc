@@ -75,6 +75,12 @@ TEST(EngineGpt, TrainingCallsAreRefusedWhileEvaluating) {
 }
 
 // bf16 compute copies, with accumulation and clipping that engages every step.
+// The token embedding, tied to the head, takes a run of chunks (layout.h): its
+// gathered values and gradients are one span, and the gradient adds both uses.
+TEST(EngineGpt, AVocabularyLargerThanAChunkMatchesTheReference) {
+  CheckGptVariants(World(), Variant(5), AllCombos());
+}
+
 TEST(EngineGpt, Bf16MatchesTheReference) {
   const std::vector<ChainRun> refs = CheckGptVariants(World(), Variant(4), AllCombos());
   ASSERT_TRUE(refs[0].status.ok());

@@ -31,6 +31,7 @@
 #include "engine_harness.h"
 #include "strata/adam.h"
 #include "zero/adam_config.h"
+#include "zero/layout.h"
 
 namespace strata::testing {
 
@@ -431,18 +432,26 @@ inline void CheckCalledTwice(Communicator& world, const std::vector<Combo>& comb
 // Two tensors three times the chunk the engine would otherwise use (strata.chunk_size
 // 8 KiB, rounded to world x 2048 elements), [32 -> E] and [E -> 32], before ten small
 // modules that share chunks.
-inline void CheckTensorLargerThanAChunk(Communicator& world, const std::vector<Combo>& combos) {
-  const int64_t chunk = 2048 * world.size();
-  const int64_t wide = 3 * chunk / kChainWidth;
+constexpr char kRunChunks[] = R"({"strata": {"chunk_size": "8KiB"}})";
+inline ModelDecl ChainWithRuns(int world_size) {
+  const int64_t wide = 3 * 2048 * world_size / kChainWidth;
   ModelDecl model;
   AddLinear(&model, kChainWidth, wide);
   AddLinear(&model, wide, kChainWidth);
   for (int m = 0; m < 10; ++m) AddLinear(&model, kChainWidth, kChainWidth);
+  return model;
+}
+
+inline void CheckTensorLargerThanAChunk(Communicator& world, const std::vector<Combo>& combos) {
+  const int64_t chunk = 2048 * world.size();
+  const ModelDecl model = ChainWithRuns(world.size());
   ASSERT_EQ(model.tensors[0].numel(), 3 * chunk);
-  CheckChainVariants(
-      world,
-      {{"tensor of 3 chunks", R"({"strata": {"chunk_size": "8KiB"}})", {model, Always(Sequential(12))}}},
-      combos);
+  // The two are outliers beside the ten small modules: each takes a run of 3 chunks.
+  auto layout = zero::MakeLayout(model, 8 << 10, world.size());
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  ASSERT_EQ(layout->chunk_elems, chunk);
+  ASSERT_EQ(layout->run_length[0], 3);
+  CheckChainVariants(world, {{"tensor of 3 chunks", kRunChunks, {model, Always(Sequential(12))}}}, combos);
 }
 
 // The call order changes between steps: plain; module 1 twice with a recomputed pair;
