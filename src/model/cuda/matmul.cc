@@ -20,17 +20,10 @@
 #include <vector>
 
 #include "model/cuda/convert_kernels.h"
+#include "model/cuda/cuda_status.h"
 
 namespace strata::model::cuda {
 namespace {
-
-Status CudaStatus(cudaError_t err, std::string_view what) {
-  if (err == cudaSuccess) return OkStatus();
-  std::string msg = "model CUDA: " + std::string(what) + ": " + cudaGetErrorName(err) + " (" +
-                    cudaGetErrorString(err) + ")";
-  if (err == cudaErrorMemoryAllocation) return ResourceExhaustedError(msg);
-  return InternalError(msg);
-}
 
 Status CublasStatus(cublasStatus_t st, std::string_view what) {
   if (st == CUBLAS_STATUS_SUCCESS) return OkStatus();
@@ -121,39 +114,6 @@ Result<cublasHandle_t> Handle(cudaStream_t stream) {
   return h;
 }
 
-// Stream-ordered scratch; Release() frees it on the stream and reports the result (the
-// destructor frees it on an early error return, when the first error is what counts).
-class StreamScratch {
- public:
-  explicit StreamScratch(cudaStream_t stream) : stream_(stream) {}
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  ~StreamScratch() {
-    if (ptr_ != nullptr) (void)cudaFreeAsync(ptr_, stream_);
-  }
-
-  Result<char*> Allocate(size_t bytes) {
-    if (bytes == 0) return static_cast<char*>(nullptr);
-    const cudaError_t err = cudaMallocAsync(&ptr_, bytes, stream_);
-    if (err != cudaSuccess) {
-      ptr_ = nullptr;
-      (void)cudaGetLastError();  // the failed allocation is no launch error for later checks
-      return CudaStatus(err, "cudaMallocAsync of " + std::to_string(bytes) + " bytes (matmul scratch)");
-    }
-    return static_cast<char*>(ptr_);
-  }
-  Status Release() {
-    if (ptr_ == nullptr) return OkStatus();
-    void* p = ptr_;
-    ptr_ = nullptr;
-    return CudaStatus(cudaFreeAsync(p, stream_), "cudaFreeAsync (matmul scratch)");
-  }
-
- private:
-  cudaStream_t stream_;
-  void* ptr_ = nullptr;
-};
-
 // One GEMM operand as cuBLAS sees it: column-major with leading dimension `ld`.
 struct Operand {
   const void* ptr;
@@ -213,7 +173,6 @@ Status WidenOperand(cudaStream_t s, Operand& op, size_t n, DType dtype, char* ds
 }
 
 size_t Elems(int64_t a, int64_t b) { return static_cast<size_t>(a) * static_cast<size_t>(b); }
-size_t AlignUp(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 }  // namespace
 
@@ -227,7 +186,8 @@ Result<MatmulPrecision> GetMatmulPrecision() {
   if (p == kBadEnv) {
     const char* v = std::getenv("STRATA_CUDA_MATMUL");
     return InvalidArgumentError(std::string("STRATA_CUDA_MATMUL is \"") + (v == nullptr ? "" : v) +
-                                "\": want \"mixed\" (the default: 16-bit weights on tensor cores, fp32 ones in fp32), \"tensor\" (fp32 weights as TF32 too) or \"fp32\"");
+                                "\": want \"mixed\" (the default: 16-bit weights on tensor cores, fp32 ones "
+                                "in fp32), \"tensor\" (fp32 weights as TF32 too) or \"fp32\"");
   }
   return static_cast<MatmulPrecision>(p);
 }
@@ -252,7 +212,7 @@ Status MatmulForward(void* stream_ptr, const float* x, int64_t batch, int64_t in
   // y^T [out x batch] = W [out x in] x^T [in x batch]; W is the column-major [in x out].
   Operand w{weight, CudaType(dtype), in, CUBLAS_OP_T};
   Operand xs{x, CUDA_R_32F, in, CUBLAS_OP_N};
-  StreamScratch scratch(stream);
+  StreamScratch scratch(stream, "matmul scratch");
   if (dtype != DType::kF32 && p != MatmulPrecision::kFp32) {
     STRATA_ASSIGN_OR_RETURN(char* buf, scratch.Allocate(Elems(batch, in) * 2));
     STRATA_RETURN_IF_ERROR(RoundOperand(stream, xs, Elems(batch, in), dtype, buf));
@@ -278,7 +238,7 @@ Status MatmulBackward(void* stream_ptr, const float* x, const float* dy, int64_t
   Operand w{weight, CudaType(dtype), in, CUBLAS_OP_N};  // column-major [in x out]
   Operand dy_n{dy, CUDA_R_32F, out, CUBLAS_OP_N};       // dy^T [out x batch]
   Operand xs{x, CUDA_R_32F, in, CUBLAS_OP_N};           // x^T [in x batch]
-  StreamScratch scratch(stream);
+  StreamScratch scratch(stream, "matmul scratch");
   if (dtype != DType::kF32 && p != MatmulPrecision::kFp32) {
     const size_t x_offset = AlignUp(Elems(batch, out) * 2);  // cuBLAS's fast paths want aligned operands
     STRATA_ASSIGN_OR_RETURN(char* buf, scratch.Allocate(x_offset + Elems(batch, in) * 2));
@@ -299,6 +259,32 @@ Status MatmulBackward(void* stream_ptr, const float* x, const float* dy, int64_t
   STRATA_RETURN_IF_ERROR(Gemm(h, p, in, out, batch, xs, dy_t, accumulate ? 1.0f : 0.0f, dweight, in,
                               "weight-gradient GEMM (dW = dy^T x)"));
   return scratch.Release();
+}
+
+Status BatchedMatmul(void* stream_ptr, int64_t m, int64_t n, int64_t k, const StridedOperand& a,
+                     const StridedOperand& b, float* c, int64_t ldc, int64_t stride_c, int64_t batch) {
+  if (m <= 0 || n <= 0 || batch <= 0) return OkStatus();
+  if (!FitsInt(m) || !FitsInt(n) || k < 1 || !FitsInt(k) || !FitsInt(a.ld) || !FitsInt(b.ld) ||
+      !FitsInt(ldc) || !FitsInt(batch)) {
+    return InvalidArgumentError("model cuBLAS: batched GEMM: want 1 <= k and dimensions below 2^31 (" +
+                                std::to_string(batch) + " x " + std::to_string(m) + " x " +
+                                std::to_string(n) + " x " + std::to_string(k) + ")");
+  }
+  STRATA_ASSIGN_OR_RETURN(const MatmulPrecision p, GetMatmulPrecision());
+  STRATA_ASSIGN_OR_RETURN(cublasHandle_t h, Handle(static_cast<cudaStream_t>(stream_ptr)));
+  // Row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T, and a row-major
+  // buffer read column-major is its transpose: swap the operands, keep each one's op.
+  const cublasOperation_t op_b = b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasComputeType_t compute =
+      p == MatmulPrecision::kTensorCores ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const float alpha = 1.0f, beta = 0.0f;
+  return CublasStatus(cublasGemmStridedBatchedEx(
+                          h, op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+                          &alpha, b.ptr, CUDA_R_32F, static_cast<int>(b.ld), b.stride, a.ptr, CUDA_R_32F,
+                          static_cast<int>(a.ld), a.stride, &beta, c, CUDA_R_32F, static_cast<int>(ldc),
+                          stride_c, static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT),
+                      "strided-batched GEMM (attention)");
 }
 
 Status SquareGemm16(void* stream_ptr, int64_t n, DType dtype, const void* a, const void* b, float* c) {

@@ -45,6 +45,22 @@ Status MatmulForward(void* stream, const float* x, int64_t batch, int64_t in, in
 Status MatmulBackward(void* stream, const float* x, const float* dy, int64_t batch, int64_t in, int64_t out,
                       const void* weight, DType dtype, float* dx, float* dweight, bool accumulate);
 
+// One operand of BatchedMatmul: problem p reads the row-major matrix at ptr + p * stride
+// with leading dimension ld, transposed when `trans` (then stored as op's transpose).
+struct StridedOperand {
+  const float* ptr;
+  int64_t ld;
+  int64_t stride;
+  bool trans;
+};
+
+// The attention core's products, one cublasGemmStridedBatchedEx: for p in [0, batch),
+// row-major C_p [m, n] (c + p * stride_c, leading dimension ldc) = op(A_p) [m, k] op(B_p)
+// [k, n], overwritten. fp32 in and out with fp32 accumulation; TF32 tensor cores under
+// kTensorCores only (kMixed has no 16-bit weights to round to here). k >= 1.
+Status BatchedMatmul(void* stream, int64_t m, int64_t n, int64_t k, const StridedOperand& a,
+                     const StridedOperand& b, float* c, int64_t ldc, int64_t stride_c, int64_t batch);
+
 // For the benchmark of the tensor-core peak: c [n x n] (fp32) = a [n x n] b [n x n], both
 // 16-bit (`dtype` bf16 or fp16), one cublasGemmEx with fp32 accumulation and nothing
 // else enqueued (no conversions), on `stream`.
