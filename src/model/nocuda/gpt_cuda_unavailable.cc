@@ -1,0 +1,44 @@
+// The GPT's CUDA kernels in a build without CUDA: every call says so.
+#include <string>
+
+#include "strata/gpt_cuda.h"
+
+namespace strata::model::cuda {
+
+namespace {
+Status NoCuda(const char* what) {
+  return UnavailableError(std::string("model: ") + what +
+                          " needs CUDA, but strata was built without it (rebuild with STRATA_CUDA=ON on a "
+                          "machine with the CUDA toolkit)");
+}
+}  // namespace
+
+Status EmbeddingForward(void*, const int32_t*, const void*, const void*, DType, int64_t, int64_t, int64_t,
+                        int64_t, float*) {
+  return NoCuda("EmbeddingForward");
+}
+Status EmbeddingBackward(void*, const int32_t*, const float*, int64_t, int64_t, int64_t, int64_t, float*,
+                         float*, bool, bool) {
+  return NoCuda("EmbeddingBackward");
+}
+Status LayerNormForward(void*, const float*, const void*, const void*, DType, int64_t, int64_t, float*,
+                        float*, float*) {
+  return NoCuda("LayerNormForward");
+}
+Status LayerNormBackward(void*, const float*, const float*, const void*, DType, const float*, const float*,
+                         int64_t, int64_t, float*, float*, float*, bool) {
+  return NoCuda("LayerNormBackward");
+}
+Status AttentionForward(void*, const float*, int64_t, int64_t, int64_t, int64_t, float*, float*) {
+  return NoCuda("AttentionForward");
+}
+Status AttentionBackward(void*, const float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t,
+                         float*) {
+  return NoCuda("AttentionBackward");
+}
+Status CrossEntropyForwardBackward(void*, const float*, const int32_t*, int64_t, int64_t, double, double*,
+                                   double*, float*) {
+  return NoCuda("CrossEntropyForwardBackward");
+}
+
+}  // namespace strata::model::cuda
