@@ -64,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--bs", type=int, default=1 << 20)
     ap.add_argument("--qd", type=int, default=32)
     ap.add_argument("--io-threads", type=int, default=1)
-    ap.add_argument("--step-configs", default="zero3-nvme,zero2-cpu")
+    ap.add_argument("--step-configs", default="zero3-nvme,zero3-nvme-all,zero2-cpu")
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
@@ -76,7 +76,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", type=int, default=29533)
     ap.add_argument("--child-timeout", type=int, default=900, help="seconds for one step run")
     ap.add_argument("--try-all-deepspeed", action="store_true",
-                    help="also run the DeepSpeed rows known not to work here (DS_CANNOT)")
+                    help="also run the DeepSpeed rows known not to work with this DeepSpeed "
+                         "(ds_cannot in bench/torch_peers/step.py)")
     ap.add_argument("--framework", choices=["strata", "deepspeed"], default="strata")
     ap.add_argument("--config", default="zero2-cpu")
     return ap

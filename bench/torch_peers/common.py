@@ -59,13 +59,16 @@ def summary(values):
     return {"median": statistics.median(values), "best": max(values), "all": values}
 
 
-def gloo_shims(deepspeed) -> None:
+def gloo_shims(deepspeed) -> list:
     """torch 1.13's gloo has no _allgather_base (DeepSpeed's all_gather_into_tensor, which
-    ZeRO-3 calls without a fallback) nor reduce_scatter. At world size 1 (the only size
-    this benchmark runs) both are a copy: DeepSpeed's torch backend gets those."""
+    ZeRO-3 calls without a fallback) nor reduce_scatter; torch 2's (2.11 checked) has both.
+    Each collective is tried once on the process group DeepSpeed made; only one that
+    raises is replaced, by a copy, which is exact at world size 1 (the only size this
+    benchmark runs). Returns the names replaced (empty under torch 2)."""
     import torch
+    import torch.distributed as dist
 
-    if torch.distributed.get_world_size() != 1:
+    if dist.get_world_size() != 1:
         die("the gloo shims are for world size 1 only")
     cdb = deepspeed.comm.comm.cdb
 
@@ -79,5 +82,16 @@ def gloo_shims(deepspeed) -> None:
             die("gloo shim: async reduce_scatter_tensor")
         output_tensor.copy_(input_tensor.reshape(output_tensor.shape))
 
-    cdb.all_gather_function = all_gather_into_tensor
-    cdb.reduce_scatter_function = reduce_scatter_tensor
+    replaced = []
+    x, out = torch.arange(4.0), torch.empty(4)
+    for attr, probe, shim in (
+            ("all_gather_function", lambda: dist.all_gather_into_tensor(out, x), all_gather_into_tensor),
+            ("reduce_scatter_function", lambda: dist.reduce_scatter_tensor(out, x), reduce_scatter_tensor)):
+        try:
+            probe()
+            if not torch.equal(out, x):
+                die(f"gloo {attr} probe at world size 1 gave {out.tolist()}, not {x.tolist()}")
+        except (RuntimeError, AttributeError):
+            setattr(cdb, attr, shim)
+            replaced.append(attr)
+    return replaced
