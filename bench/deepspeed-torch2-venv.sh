@@ -18,8 +18,9 @@
 # whose libraries load the CUDA runtime libraries at import even where no GPU is. On this
 # machine the CUDA 13.0 toolkit provides them (ldconfig); the three it lacks come from PyPI
 # with --no-deps (nvidia-cufile 1.2 MiB, nvidia-cusparselt-cu13 162 MiB,
-# nvidia-nvshmem-cu13 58 MiB): about 730 MiB of downloads in all, instead of the ~3 GB of
-# CUDA wheels pip's resolver would fetch. torch 2.11.0 is the release whose CUDA
+# nvidia-nvshmem-cu13 58 MiB): about 730 MiB of downloads in all, instead of all the CUDA
+# wheels pip's resolver would fetch (pip then lists them as missing requirements of torch:
+# expected). torch 2.11.0 is the release whose CUDA
 # dependencies (cuda-toolkit 13.0.2, NCCL 2.28.9) match that toolkit. DeepSpeed is installed
 # without its C++ ops (DS_BUILD_OPS=0, --no-build-isolation, --no-deps, its Python
 # dependencies named here); cpu_adam and async_io (with pin_memory, which async_io loads
@@ -66,7 +67,7 @@ done
 ((${#missing[@]} == 0)) ||
   die "torch $torch_version's PyPI wheel (the CUDA 13.0 build; PyPI has no CPU-only torch for Linux) loads" \
     "${missing[*]} at import, and ldconfig does not find them: install the CUDA 13.0 toolkit, or" \
-    "pip install torch==$torch_version with its CUDA wheels (about 3 GB)"
+    "pip install torch==$torch_version with its CUDA wheels (cuDNN, cuBLAS, NCCL, ...: GBs)"
 apt_need() { # PACKAGE WHY
   if [[ $(id -u) -eq 0 ]]; then
     echo "deepspeed-torch2-venv: installing $1 ($2)"

@@ -15,15 +15,23 @@
         queue depth and file size on the same disk.
   step  the step time of one small GPT-style torch model under strata.torch.initialize and
         under deepspeed.initialize with the same config dict: ZeRO-3 with the optimizer
-        state and the parameters on NVMe, and ZeRO-2 with the optimizer on the CPU; world
-        size 1 (DeepSpeed: torch.distributed over gloo on its CPU accelerator). Each run is
-        a child process; the figure is the median step after the warm-up steps.
+        state and the parameters on NVMe (zero3-nvme), the same with each engine's one key
+        that makes it keep everything on NVMe at this model size (zero3-nvme-all; the keys
+        are in bench/torch_peers/step.py and in the JSON), and ZeRO-2 with the optimizer on
+        the CPU; world size 1 (DeepSpeed: torch.distributed over gloo on its CPU
+        accelerator). Each run is a child process; the figure is the median step after the
+        warm-up steps, beside each step's disk bytes (/proc/self/io).
 
 Every benchmark runs --rounds rounds with the runners in rotating order (the disk drifts)
 and reports each runner's median and best over the rounds, and the ratio of the medians.
 
   bench/deepspeed-venv.sh                # once: /tmp/ds-venv with DeepSpeed and its ops
   /tmp/ds-venv/bin/python bench/torch-peers.py all --swap /work/strata-swap
+  bench/deepspeed-torch2-venv.sh         # once: /tmp/ds2-venv, torch 2.11 and DeepSpeed 0.19.8
+  /tmp/ds2-venv/bin/python bench/torch-peers.py step --swap /work/strata-swap
+
+/tmp/ds-venv (Debian's torch 1.13, DeepSpeed 0.15.4) cannot run the ZeRO-3 NVMe rows
+(DeepSpeed's swappers there want pinned CPU buffers); /tmp/ds2-venv can.
 
 Run it with a Python that can import strata (this script puts build/python on the path)
 and, for the DeepSpeed columns, deepspeed: the venv of bench/deepspeed-venv.sh. Without
