@@ -148,26 +148,9 @@ if new not in s:
 PATCH
 
 for op in $ops; do
-  case $op in
-    cpu_adam) builder=CPUAdamBuilder ;;
-    async_io) builder=AsyncIOBuilder ;;
-    *) die "unknown op $op (cpu_adam, async_io)" ;;
-  esac
-  echo "deepspeed-torch2-venv: building DeepSpeed's $op op ($builder, JIT; minutes on 2 cores)"
+  echo "deepspeed-torch2-venv: building DeepSpeed's $op op (JIT; minutes on 2 cores)"
   log=$venv/build-$op.log
-  if ! "$py" - "$builder" >"$log" 2>&1 <<'EOF'; then
-import sys
-from deepspeed.accelerator import get_accelerator
-import deepspeed.ops.op_builder as ob
-name = sys.argv[1]
-builder = getattr(ob, name)()
-ok = builder.is_compatible(verbose=True)
-print("accelerator:", get_accelerator().device_name(), "compatible:", ok)
-if not ok:
-    sys.exit(f"{name} is not compatible here")
-builder.load(verbose=True)
-print("loaded", name)
-EOF
+  if ! "$py" "$(dirname "$0")/ds_build_op.py" "$op" >"$log" 2>&1; then
     tail -15 "$log" >&2
     die "DeepSpeed's $op op does not build here (full log: $log)"
   fi

@@ -40,32 +40,14 @@ namespace {
 
 constexpr double kU = 1.0 / (1 << 24);
 
-class GptGpuTest : public ::testing::Test {
+class GptGpuTest : public testing::GpuTest {
  protected:
   void SetUp() override {
-    const Status available = cuda::DeviceAvailable();
-    if (!available.ok()) GTEST_SKIP() << "no GPU: " << available.ToString();
+    GpuTest::SetUp();
+    if (IsSkipped()) return;
 #if STRATA_HAVE_CUDA
     cuda::SetMatmulPrecision(cuda::MatmulPrecision::kFp32);
 #endif
-  }
-  ~GptGpuTest() override {
-    for (void* p : allocations_) EXPECT_TRUE(cuda::Free(p).ok());
-  }
-
-  template <typename T>
-  T* Upload(const std::vector<T>& host) {
-    void* p = cuda::Malloc(std::max<size_t>(host.size(), 1) * sizeof(T)).value();
-    allocations_.push_back(p);
-    EXPECT_TRUE(cuda::CopyToDevice(p, host.data(), host.size() * sizeof(T)).ok());
-    return static_cast<T*>(p);
-  }
-  template <typename T>
-  std::vector<T> Download(const T* device, size_t n) {
-    std::vector<T> host(n);
-    EXPECT_TRUE(cuda::StreamSynchronize(nullptr).ok());
-    EXPECT_TRUE(cuda::CopyToHost(host.data(), device, n * sizeof(T)).ok());
-    return host;
   }
   // A parameter as the device holds it (`dtype`); `exact` becomes its fp32 value.
   const void* UploadParam(const std::vector<float>& v, DType dtype, std::vector<float>& exact) {
@@ -76,9 +58,6 @@ class GptGpuTest : public ::testing::Test {
     ToFloat(bits.data(), dtype, static_cast<int64_t>(bits.size()), exact.data());
     return Upload(bits);
   }
-
- private:
-  std::vector<void*> allocations_;
 };
 
 using testing::Columns;

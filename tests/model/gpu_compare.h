@@ -1,5 +1,6 @@
-// Comparisons of GPU results with CPU ones for the model's GPU tests: random inputs,
-// bitwise equality, and closeness relative to the largest reference entry.
+// For the model's GPU tests: a fixture that skips without a GPU and keeps the device
+// buffers it uploads; comparisons of GPU results with CPU ones (random inputs, bitwise
+// equality, closeness relative to the largest reference entry).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,9 +12,40 @@
 #include <string>
 #include <vector>
 
+#include "strata/mlp_cuda.h"
 #include "strata/model.h"
 
 namespace strata::model::testing {
+
+// Skips (with the reason) where no GPU can be used; frees what it uploaded.
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const Status available = cuda::DeviceAvailable();
+    if (!available.ok()) GTEST_SKIP() << "no GPU: " << available.ToString();
+  }
+  ~GpuTest() override {
+    for (void* p : allocations_) EXPECT_TRUE(cuda::Free(p).ok());
+  }
+  template <typename T>
+  T* Upload(const std::vector<T>& host) {
+    void* p = cuda::Malloc(std::max<size_t>(host.size(), 1) * sizeof(T)).value();
+    allocations_.push_back(p);
+    EXPECT_TRUE(cuda::CopyToDevice(p, host.data(), host.size() * sizeof(T)).ok());
+    return static_cast<T*>(p);
+  }
+  // After the default stream's work.
+  template <typename T>
+  std::vector<T> Download(const T* device, size_t n) {
+    std::vector<T> host(n);
+    EXPECT_TRUE(cuda::StreamSynchronize(nullptr).ok());
+    EXPECT_TRUE(cuda::CopyToHost(host.data(), device, n * sizeof(T)).ok());
+    return host;
+  }
+
+ private:
+  std::vector<void*> allocations_;
+};
 
 inline std::vector<float> Random(int64_t n, uint64_t stream, float scale = 1.0f, float offset = 0.0f) {
   std::vector<float> v(n);

@@ -17,6 +17,7 @@
 #include <functional>
 #include <vector>
 
+#include "model/gpu_compare.h"
 #include "strata/half.h"
 #include "strata/mlp.h"
 #include "strata/mlp_cuda.h"
@@ -38,34 +39,14 @@ void UseTensorCores(bool tensor) {
 #endif
 }
 
-class MlpGpuTest : public ::testing::Test {
+class MlpGpuTest : public testing::GpuTest {
  protected:
   void SetUp() override {
-    const Status available = cuda::DeviceAvailable();
-    if (!available.ok()) GTEST_SKIP() << "no GPU: " << available.ToString();
+    GpuTest::SetUp();
+    if (IsSkipped()) return;
     UseTensorCores(false);  // the tests that compare at fp32 tolerances; others switch
   }
-  ~MlpGpuTest() override {
-    for (void* p : allocations_) EXPECT_TRUE(cuda::Free(p).ok());
-  }
-
-  template <typename T>
-  T* Upload(const std::vector<T>& host) {
-    void* p = cuda::Malloc(std::max<size_t>(host.size(), 1) * sizeof(T)).value();
-    allocations_.push_back(p);
-    EXPECT_TRUE(cuda::CopyToDevice(p, host.data(), host.size() * sizeof(T)).ok());
-    return static_cast<T*>(p);
-  }
   float* Zeros(size_t n) { return Upload(std::vector<float>(n, 0.0f)); }
-  std::vector<float> Download(const float* device, size_t n) {
-    std::vector<float> host(n);
-    EXPECT_TRUE(cuda::StreamSynchronize(nullptr).ok());
-    EXPECT_TRUE(cuda::CopyToHost(host.data(), device, n * sizeof(float)).ok());
-    return host;
-  }
-
- private:
-  std::vector<void*> allocations_;
 };
 
 std::vector<float> Random(int64_t n, uint64_t stream, float scale = 1.0f) {

@@ -143,17 +143,23 @@ TEST(ParamGatherer, OffTheTraceAnUnusedPrefetchIsEvicted) {
   EXPECT_EQ(h.gatherer.TakeEvictions(), 0) << "taken";
 }
 
-TEST(GatherPlan, TheWindowStopsAtTheStagingBuffersAndTheRoom) {
-  const Layout l = OneChunkPerModule(12);
-  const Trace trace = Trace::Assumed(12);
-  const ZeroConfig zero;
+// One fixed buffer and room for `room_chunks` more, in the plain order.
+GatherInputs Inputs(const Layout& l, const Trace& trace, const ZeroConfig& zero, uint64_t room_chunks) {
   GatherInputs in;
   in.layout = &l;
   in.trace = &trace;
   in.zero = &zero;
   in.chunk_bytes = 4096 * 4;
   in.fixed_buffers = 1;
-  in.room = 20 * in.chunk_bytes;
+  in.room = room_chunks * in.chunk_bytes;
+  return in;
+}
+
+TEST(GatherPlan, TheWindowStopsAtTheStagingBuffersAndTheRoom) {
+  const Layout l = OneChunkPerModule(12);
+  const Trace trace = Trace::Assumed(12);
+  const ZeroConfig zero;
+  GatherInputs in = Inputs(l, trace, zero, 20);
   EXPECT_EQ(PlanGather(in).plan.max_prefetch_modules, static_cast<int>(kMaxPrefetchModules));
   in.staging_limit = 3;
   EXPECT_EQ(PlanGather(in).plan.max_prefetch_modules, 3);
@@ -172,14 +178,7 @@ TEST(GatherPlan, KeepsChunksWithTheRoomLeft) {
   const Layout l = OneChunkPerModule(6);
   const Trace trace = Trace::Assumed(6);
   const ZeroConfig zero;
-  GatherInputs in;
-  in.layout = &l;
-  in.trace = &trace;
-  in.zero = &zero;
-  in.chunk_bytes = 4096 * 4;
-  in.fixed_buffers = 1;
-  in.room = 100 * in.chunk_bytes;
-  const GatherPlanResult all = PlanGather(in);
+  const GatherPlanResult all = PlanGather(Inputs(l, trace, zero, 100));
   EXPECT_EQ(all.plan.kept_count(), 6) << "room for every chunk: nothing is gathered twice";
   EXPECT_EQ(all.plan.buffers, 6);
 }
