@@ -268,6 +268,9 @@ class PyEngine {
   int rank() const { return (Live(), world_->rank()); }
   int world_size() const { return (Live(), world_->size()); }
   int stage() const { return config_.zero.stage; }
+  // The layout: its chunks, and those held by tensors larger than a chunk (runs).
+  int num_chunks() { return Live().layout_info().num_chunks; }
+  int run_chunks() { return Live().layout_info().run_chunks; }
   int gradient_accumulation_steps() const { return config_.gradient_accumulation_steps; }
   int64_t micro_batch_size() const { return config_.train_micro_batch_size_per_gpu; }
 
@@ -337,6 +340,8 @@ void BindEngine(nb::module_& m) {
       .def_prop_ro("rank", &PyEngine::rank)
       .def_prop_ro("world_size", &PyEngine::world_size)
       .def_prop_ro("stage", &PyEngine::stage)
+      .def_prop_ro("num_chunks", &PyEngine::num_chunks)
+      .def_prop_ro("run_chunks", &PyEngine::run_chunks)
       .def_prop_ro("gradient_accumulation_steps", &PyEngine::gradient_accumulation_steps)
       .def_prop_ro("micro_batch_size", &PyEngine::micro_batch_size);
   m.def("finalize_world", &FinalizeWorldIfIdle,

@@ -59,6 +59,58 @@ def test_every_stage_matches_torch_adamw_with_a_tied_weight(stage: int, offload:
         engine.close()
 
 
+class LargeVocabModel(torch.nn.Module):
+    """An embedding of 1024 x 16 tied to the head, beside eight small layers: the
+    embedding is an outlier, and with 8 KiB chunks it takes a run of 8 of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(1024, 16)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(8))
+        self.head = torch.nn.Linear(16, 1024, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x)
+        for layer in self.layers:
+            h = torch.tanh(layer(h))
+        return self.head(h)
+
+
+@pytest.mark.parametrize("stage,offload,param", [(1, "cpu", "none"), (3, "cpu", "cpu"), (3, "nvme", "nvme")])
+def test_a_tensor_larger_than_a_chunk_matches_torch(stage: int, offload: str, param: str, io_dir) -> None:
+    torch.manual_seed(3)
+    model = LargeVocabModel()
+    ref = LargeVocabModel()
+    ref.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(5)
+    data = [[(torch.randint(0, 1024, (8, 5), generator=g), torch.randint(0, 1024, (8, 5), generator=g))]
+            for _ in range(3)]
+    lossf = lambda logits, y: torch.nn.functional.cross_entropy(logits.reshape(-1, 1024), y.reshape(-1))
+    c = config(stage, offload, param=param, nvme_path=str(io_dir))
+    c["strata"]["chunk_size"] = "8KiB"
+    engine = st.initialize(model, c)
+    try:
+        assert engine._engine.run_chunks == 8, "the embedding's 16384 values over chunks of 2048"
+        opt = torch.optim.AdamW(ref.parameters(), lr=0.01, weight_decay=0.01)
+        for (x, y), in data:
+            loss = lossf(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+            opt.zero_grad()
+            want = lossf(ref(x), y)
+            want.backward()
+            opt.step()
+            assert float(loss) == pytest.approx(float(want), rel=1e-5)
+        masters = engine.master_params()
+        assert len(masters) == 1 + 2 * 8, "the tied weight is one parameter"
+        assert (masters[0] - ref.emb.weight.detach()).abs().max().item() < ATOL
+        for got, want in zip(masters[1:], [p for layer in ref.layers for p in (layer.weight, layer.bias)]):
+            assert (got - want.detach()).abs().max().item() < ATOL
+    finally:
+        engine.close()
+
+
 def test_accumulation_and_clipping_match_torch() -> None:
     model, ref = make_models(seed=3)
     data = batches(steps=3, micro=2, global_batch=8, seed=4)
