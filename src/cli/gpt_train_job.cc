@@ -60,12 +60,15 @@ void PrintSummary(const GptTrainJob& job, const EngineLayoutInfo& l, const model
   const model::GptSpec& m = job.model;
   std::printf(
       "strata train: GPT, %s parameters (%lld layers, %lld heads, n_embd %lld, block %lld, vocab %lld, %s "
-      "head), %d chunks of %s\n",
+      "head), %d chunks of %s%s\n",
       FormatCount(static_cast<double>(l.num_params)).c_str(), static_cast<long long>(m.n_layer),
       static_cast<long long>(m.n_head), static_cast<long long>(m.n_embd),
       static_cast<long long>(m.block_size), static_cast<long long>(m.vocab_size),
       m.tied_head ? "tied" : "untied", l.num_chunks,
-      FormatBytes(static_cast<uint64_t>(l.chunk_elems) * 4).c_str());
+      FormatBytes(static_cast<uint64_t>(l.chunk_elems) * 4).c_str(),
+      l.run_chunks > 0
+          ? (", " + std::to_string(l.run_chunks) + " of them held by tensors larger than a chunk").c_str()
+          : "");
   std::printf("  data: %s (%s tokens), validation %s (%s tokens); activation checkpointing %s\n",
               train.path().c_str(), FormatCount(static_cast<double>(train.size())).c_str(),
               val.path().c_str(), FormatCount(static_cast<double>(val.size())).c_str(),

@@ -102,6 +102,45 @@ TEST_F(DataBpeCli, ATinyGptTrainsOnBpeTokensAndSamplesText) {
   EXPECT_TRUE(sampled);
 }
 
+// Four blocks of width 16 beside a 2000 x 16 token embedding: the embedding and its tied
+// head are outliers, so the embedding takes a run of chunks (zero/layout.h) instead of
+// setting the chunk's size; stage 3 with both planes on NVMe trains through it.
+TEST_F(DataBpeCli, AnEmbeddingLargerThanAChunkTakesARun) {
+  const std::string data = (dir_ / "data").string();
+  ASSERT_EQ(RunStrata({"data", "prepare", text_, "--bpe", kBpe, "--out", data}).exit_status, 0);
+  CliRun r = RunStrata({"train",
+                        "--data",
+                        data,
+                        "--n-layer",
+                        "4",
+                        "--n-head",
+                        "2",
+                        "--n-embd",
+                        "16",
+                        "--seq",
+                        "16",
+                        "--micro-batch",
+                        "2",
+                        "--steps",
+                        "3",
+                        "--stage",
+                        "3",
+                        "--offload-optimizer",
+                        "nvme",
+                        "--offload-param",
+                        "nvme",
+                        "--chunk-size",
+                        "8KiB",
+                        "--nvme-path",
+                        (dir_ / "swap").string()});
+  ASSERT_EQ(r.exit_status, 0) << r.out << r.err;
+  // The chunk: the 2,048 values asked for, raised to the blocks' largest module (the MLP
+  // half, 2,160) and rounded to 2,048s: 4,096. The embedding's 32,000 values take 8.
+  EXPECT_THAT(r.out, HasSubstr("12 chunks of 16.0 KiB, 8 of them held by tensors larger than a chunk"))
+      << r.out;
+  EXPECT_THAT(r.out, HasSubstr("step     3/3")) << r.out;
+}
+
 TEST_F(DataBpeCli, RefusalsNameTheFileAndTheFix) {
   const std::string data = (dir_ / "data").string();
   CliRun none = RunStrata({"data", "prepare", text_, "--bpe", dir_.string(), "--out", data});
