@@ -77,6 +77,14 @@ GatherPlanResult PlanGather(const GatherInputs& in) {
   const int carry = micro_batches > 1 ? LargestFitting(n, allowed, carry_peak) : 0;
   g.carried = PlanCarry(l, trace, z.stage3_max_reuse_distance, carry);
   g.buffers = std::max(carry_peak(carry), in.fixed_buffers);
+  // A run's chunks have a buffer of their own (PeakGathered does not count them): they
+  // stay gathered from their first use to their last, and between micro-batches, for
+  // nothing. A tied embedding is then gathered once a micro-batch, not once a use.
+  for (int c = 0; c < n; ++c) {
+    if (!l.InRun(c)) continue;
+    g.kept[c] = 1;
+    if (micro_batches > 1) g.carried[c] = 1;
+  }
   out.extra_bytes = static_cast<uint64_t>(g.buffers - in.fixed_buffers) * in.chunk_bytes;
   return out;
 }

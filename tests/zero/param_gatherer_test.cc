@@ -42,9 +42,13 @@ struct Harness {
     plan.buffers = buffers;
     plan.max_prefetch_modules = window;
     plan.kept = std::move(kept);
+    Configure(plan);
+  }
+  // `run_places`: by chunk, a run chunk's own place (nullptr: from the pool).
+  void Configure(const GatherPlan& plan, std::vector<void*> run_places = {}) {
     std::vector<void*> bufs;
-    for (int i = 0; i < buffers; ++i) bufs.push_back(&memory[i]);
-    gatherer.Configure(plan, std::move(bufs));
+    for (int i = 0; i < plan.buffers; ++i) bufs.push_back(&memory[i]);
+    gatherer.Configure(plan, std::move(bufs), std::move(run_places));
   }
   // Runs the module at the next trace position through its hooks.
   Status Use(UseKind kind, int module) {
@@ -144,6 +148,43 @@ TEST(ParamGatherer, OffTheTraceAnUnusedPrefetchIsEvicted) {
 }
 
 // One fixed buffer and room for `room_chunks` more, in the plain order.
+GatherInputs Inputs(const Layout& l, const Trace& trace, const ZeroConfig& zero, uint64_t room_chunks);
+
+TEST(ParamGatherer, ARunStaysGatheredInItsOwnPlacesAndTakesNoBuffer) {
+  // Module 0's 8192 values are an outlier beside four modules of 1000: a run of chunks
+  // 0 and 1 (4096 each); the four share chunk 2.
+  ModelDecl m;
+  for (int64_t n : {8192, 1000, 1000, 1000, 1000}) {
+    m.modules.push_back({"m" + std::to_string(m.tensors.size()), {static_cast<TensorId>(m.tensors.size())}});
+    m.tensors.push_back({"w" + std::to_string(m.tensors.size()), {n}, std::nullopt});
+  }
+  auto l = MakeLayout(m, 4096 * 4, 1);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_EQ(l->num_chunks, 3);
+  ASSERT_EQ(l->run_length[0], 2);
+  const ZeroConfig zero;
+  const Trace trace = Trace::Assumed(5);
+  const GatherPlanResult r = PlanGather(Inputs(*l, trace, zero, 1));
+  EXPECT_TRUE(r.plan.kept[0] && r.plan.kept[1]) << "a run's chunks cost no buffer: kept";
+  EXPECT_EQ(r.plan.max_prefetch_modules, 1);
+  EXPECT_EQ(r.plan.buffers, 1) << "the runs take none: chunk 2 alone needs one";
+  Harness h(*l);
+  int run_memory[2] = {};
+  h.Configure(r.plan, {&run_memory[0], &run_memory[1], nullptr});
+  for (int mod = 0; mod < 5; ++mod) ASSERT_TRUE(h.Use(UseKind::kForward, mod).ok());
+  for (int mod = 4; mod >= 0; --mod) {
+    const int pos = h.order.Note(UseKind::kBackward, mod);
+    ASSERT_TRUE(h.gatherer.Enter(mod, pos).ok());
+    if (mod == 0) {
+      EXPECT_EQ(h.gatherer.Params(0), &run_memory[0]);
+      EXPECT_EQ(h.gatherer.Params(1), &run_memory[1]) << "the tensor's second chunk follows its first";
+    }
+    h.gatherer.Leave(mod, pos, true);
+  }
+  EXPECT_EQ(h.started, (std::vector<int>{0, 1, 2})) << "each gathered once in the micro-batch";
+  EXPECT_TRUE(h.gatherer.DropAll().ok());
+}
+
 GatherInputs Inputs(const Layout& l, const Trace& trace, const ZeroConfig& zero, uint64_t room_chunks) {
   GatherInputs in;
   in.layout = &l;
