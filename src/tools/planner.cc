@@ -190,6 +190,7 @@ nlohmann::json ToJson(const PlanCandidate& c) {
   j["layout"] = {{"params", l.num_params},
                  {"chunks", l.num_chunks},
                  {"chunk_elems", l.chunk_elems},
+                 {"run_chunks", l.run_chunks},
                  {"optimizer_resident_chunks", l.optimizer_resident_chunks},
                  {"optimizer_device_chunks", l.optimizer_device_chunks},
                  {"param_resident_chunks", l.param_resident_chunks},

@@ -153,6 +153,39 @@ TEST_F(SafetensorsPlanModelTest, TheReferenceMlpsHeaderPlansAsTheMlp) {
   ExpectSamePlans(m->decl, mlp, Path("swap"));
 }
 
+// GPT-2's vocabulary beside four blocks of width 64: the token embedding is an outlier
+// (zero/layout.h) and takes a run of chunks of the blocks' size, with buffers of its own
+// that the plan names, instead of making every chunk 12.9 MB.
+TEST_F(SafetensorsPlanModelTest, ALargeVocabularyPlansARunOfChunks) {
+  std::vector<HeaderTensor> tensors = {{"wte.weight", "F32", {50257, 64}}, {"wpe.weight", "F32", {128, 64}}};
+  for (int b = 0; b < 4; ++b) {
+    const std::string h = "h." + std::to_string(b) + ".";
+    for (const HeaderTensor& t : std::vector<HeaderTensor>{{h + "ln_1.weight", "F32", {64}},
+                                                           {h + "ln_1.bias", "F32", {64}},
+                                                           {h + "attn.c_attn.weight", "F32", {64, 192}},
+                                                           {h + "attn.c_attn.bias", "F32", {192}},
+                                                           {h + "mlp.c_fc.weight", "F32", {64, 256}},
+                                                           {h + "mlp.c_fc.bias", "F32", {256}}})
+      tensors.push_back(t);
+  }
+  testing::WriteSafetensors(Path("vocab.safetensors"), tensors);
+  Result<PlanModel> m = SafetensorsPlanModel(Path("vocab.safetensors"), 16);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  Result<EngineLayoutInfo> l = Plan(MakeConfig(3, "nvme", "nvme", Path("swap")), m->decl, 1);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  // The chunk: 16 KiB asked for, raised to the largest block module (c_fc: 16,640
+  // values) and rounded to 2,048s: 18,432. The embedding's 3,216,448 values take 175.
+  EXPECT_EQ(l->chunk_elems, 18432);
+  EXPECT_EQ(l->run_chunks, 175);
+  bool named = false;
+  for (const EngineNeedPart& p : l->need_parts) {
+    if (p.what.find("tensors larger than a chunk") == std::string::npos) continue;
+    named = true;
+    EXPECT_EQ(p.tier, "device") << p.what;
+  }
+  EXPECT_TRUE(named) << "the runs' own buffers are a named device need";
+}
+
 TEST_F(SafetensorsPlanModelTest, ModulesFollowTheDataOffsetsNotTheKeys) {
   // Stored b, then a: the JSON's keys are sorted (a first), the modules are not.
   testing::WriteSafetensors(Path("order.safetensors"),
