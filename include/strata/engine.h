@@ -15,8 +15,10 @@
 // Layout: every tensor is placed once (a tensor shared by several modules is one
 // parameter), in the order modules first use them, in one flat parameter space cut into
 // chunks of equal size (strata.chunk_size bytes of fp32 parameters, raised to the
-// largest module, rounded to world size x 2048 elements so every shard of every plane
-// is 4 KiB aligned for O_DIRECT). A tensor never spans two chunks. Each rank owns the
+// largest module but outliers, rounded to world size x 2048 elements so every shard of
+// every plane is 4 KiB aligned for O_DIRECT). A tensor lies in one chunk, or, larger
+// than a chunk (an outlier's: a large vocabulary's embedding), in a run of whole chunks
+// of its own; what the model sees of it is still one contiguous span. Each rank owns the
 // shard [rank * S, (rank + 1) * S) of every chunk (S = chunk elements / world size).
 //
 // Call order: the engine assumes the plain order (forward 0..n-1, backward n-1..0)
