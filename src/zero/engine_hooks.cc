@@ -1,5 +1,5 @@
-// The hooks the model calls around each use of a module: stage 3 gathers
-// (engine_gather.cc), gradient buffers, the call order (trace.h), and the asynchronous
+// The hooks the model calls around each use of a module: stage 3 gathers (the
+// gatherer, param_gatherer.h), gradient buffers, the call order (trace.h), and the asynchronous
 // reduction of chunks whose gradients are final for the micro-batch.
 //
 // Every collective is issued by comm_worker in the order the training thread submits

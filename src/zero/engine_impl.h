@@ -498,7 +498,6 @@ struct Engine::Impl {
 
   // --- engine_gather.cc (stage 3) ---
   void* ChunkParams(int chunk);  // compute copy of a chunk (stage 3: gathered)
-  Status EnsureGathered(int chunk);
   void TimeModule() {
     gatherer->NoteModuleCompute(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - module_start)
