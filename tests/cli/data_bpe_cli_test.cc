@@ -34,6 +34,24 @@ class DataBpeCli : public testing::ScratchDirTest {
     const char* words[] = {"the cat", "sat on", "the mat", "and then"};
     for (int i = 0; i < 3000; ++i) out << words[i % 4] << (i % 9 == 8 ? ".\n" : " ");
   }
+  // `strata train` of a GPT of `layers` blocks of width 16 on `data`, swapping in dir_.
+  std::vector<std::string> TinyGpt(const std::string& data, int layers) const {
+    return {"train",
+            "--data",
+            data,
+            "--n-layer",
+            std::to_string(layers),
+            "--n-head",
+            "2",
+            "--n-embd",
+            "16",
+            "--seq",
+            "16",
+            "--micro-batch",
+            "2",
+            "--nvme-path",
+            (dir_ / "swap").string()};
+  }
   std::string text_;
 };
 
@@ -63,29 +81,10 @@ TEST_F(DataBpeCli, TheDefaultCorpusHasTheReferenceTokenCount) {
 TEST_F(DataBpeCli, ATinyGptTrainsOnBpeTokensAndSamplesText) {
   const std::string data = (dir_ / "data").string(), log = (dir_ / "run.jsonl").string();
   ASSERT_EQ(RunStrata({"data", "prepare", text_, "--bpe", kBpe, "--out", data}).exit_status, 0);
-  CliRun r = RunStrata({"train",
-                        "--data",
-                        data,
-                        "--n-layer",
-                        "1",
-                        "--n-head",
-                        "2",
-                        "--n-embd",
-                        "16",
-                        "--seq",
-                        "16",
-                        "--micro-batch",
-                        "2",
-                        "--steps",
-                        "2",
-                        "--sample",
-                        "12",
-                        "--prompt",
-                        "the cat",
-                        "--log",
-                        log,
-                        "--nvme-path",
-                        (dir_ / "swap").string()});
+  std::vector<std::string> args = TinyGpt(data, 1);
+  for (const char* a : {"--steps", "2", "--sample", "12", "--prompt", "the cat", "--log"}) args.push_back(a);
+  args.push_back(log);
+  CliRun r = RunStrata(args);
   ASSERT_EQ(r.exit_status, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("vocab 2000"));
   EXPECT_THAT(r.out, HasSubstr("sample (temperature 0.8):\nthe cat"));
@@ -108,31 +107,11 @@ TEST_F(DataBpeCli, ATinyGptTrainsOnBpeTokensAndSamplesText) {
 TEST_F(DataBpeCli, AnEmbeddingLargerThanAChunkTakesARun) {
   const std::string data = (dir_ / "data").string();
   ASSERT_EQ(RunStrata({"data", "prepare", text_, "--bpe", kBpe, "--out", data}).exit_status, 0);
-  CliRun r = RunStrata({"train",
-                        "--data",
-                        data,
-                        "--n-layer",
-                        "4",
-                        "--n-head",
-                        "2",
-                        "--n-embd",
-                        "16",
-                        "--seq",
-                        "16",
-                        "--micro-batch",
-                        "2",
-                        "--steps",
-                        "3",
-                        "--stage",
-                        "3",
-                        "--offload-optimizer",
-                        "nvme",
-                        "--offload-param",
-                        "nvme",
-                        "--chunk-size",
-                        "8KiB",
-                        "--nvme-path",
-                        (dir_ / "swap").string()});
+  std::vector<std::string> args = TinyGpt(data, 4);
+  for (const char* a : {"--steps", "3", "--stage", "3", "--offload-optimizer", "nvme", "--offload-param",
+                        "nvme", "--chunk-size", "8KiB"})
+    args.push_back(a);
+  CliRun r = RunStrata(args);
   ASSERT_EQ(r.exit_status, 0) << r.out << r.err;
   // The chunk: the 2,048 values asked for, raised to the blocks' largest module (the MLP
   // half, 2,160) and rounded to 2,048s: 4,096. The embedding's 32,000 values take 8.
