@@ -13,6 +13,12 @@
 namespace strata::model::cuda {
 
 constexpr int kWarp = 32;
+// Row kernels (LayerNorm, softmax): one warp per row, kRowsPerBlock rows a block.
+constexpr int kThreads = 256;
+constexpr int kRowsPerBlock = kThreads / kWarp;
+inline unsigned RowBlocks(int64_t rows) {
+  return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+}
 
 __device__ __forceinline__ float ToF(float v) { return v; }
 __device__ __forceinline__ float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }

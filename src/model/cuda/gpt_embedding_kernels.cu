@@ -11,8 +11,6 @@
 namespace strata::model::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
 template <typename T>
 __global__ void EmbeddingForwardKernel(const int32_t* tokens, const T* wte, const T* wpe, int64_t n,
                                        int64_t seq, int64_t channels, int64_t vocab, float* out) {

@@ -9,12 +9,8 @@
 namespace strata::model::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kRowsPerBlock = kThreads / kWarp;
 // As in the CPU kernel (gpt_kernels.cc): rows per piece of the weight-gradient sums.
 constexpr int64_t kLayerNormChunk = 32;
-
-unsigned RowBlocks(int64_t rows) { return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
 
 template <typename T>
 __global__ void ForwardKernel(const float* x, const T* weight, const T* bias, int64_t rows, int64_t channels,

@@ -9,11 +9,7 @@
 namespace strata::model::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kRowsPerBlock = kThreads / kWarp;
 constexpr int kVocabThreads = 512;
-
-unsigned RowBlocks(int64_t rows) { return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
 
 // Row r of the [mats * seq, seq] scores is query i = r % seq; keys j <= i are live. The
 // scaled score is rounded before the max is subtracted, as the CPU kernel stores it.

@@ -1,17 +1,10 @@
 // The GPT's CUDA kernels in a build without CUDA: every call says so.
 #include <string>
 
+#include "model/nocuda/no_cuda.h"
 #include "strata/gpt_cuda.h"
 
 namespace strata::model::cuda {
-
-namespace {
-Status NoCuda(const char* what) {
-  return UnavailableError(std::string("model: ") + what +
-                          " needs CUDA, but strata was built without it (rebuild with STRATA_CUDA=ON on a "
-                          "machine with the CUDA toolkit)");
-}
-}  // namespace
 
 Status EmbeddingForward(void*, const int32_t*, const void*, const void*, DType, int64_t, int64_t, int64_t,
                         int64_t, float*) {

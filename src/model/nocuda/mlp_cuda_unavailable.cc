@@ -1,15 +1,8 @@
 // The CUDA kernels in a build without CUDA: every call says so.
+#include "model/nocuda/no_cuda.h"
 #include "strata/mlp_cuda.h"
 
 namespace strata::model::cuda {
-
-namespace {
-Status NoCuda(const char* what) {
-  return UnavailableError(std::string("model: ") + what +
-                          " needs CUDA, but strata was built without it (rebuild with STRATA_CUDA=ON on a "
-                          "machine with the CUDA toolkit)");
-}
-}  // namespace
 
 Status DeviceAvailable() { return NoCuda("the CUDA device"); }
 Status LinearForward(void*, const float*, int64_t, int64_t, int64_t, const void*, const void*, DType,
