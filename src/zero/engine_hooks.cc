@@ -214,16 +214,15 @@ Status Engine::AccumulateGrad(TensorId tensor, const void* grad, DType dtype) {
   }
   if (!s.in_micro_batch) STRATA_RETURN_IF_ERROR(BeginMicroBatch());
   const zero::TensorPlace& t = s.layout.tensors[tensor];
-  const int first = s.layout.FirstChunk(tensor), last = s.layout.LastChunk(tensor);
-  for (int c = first; c <= last; ++c) {
+  std::vector<int> chunks;  // one, or a run's
+  for (int c = s.layout.FirstChunk(tensor); c <= s.layout.LastChunk(tensor); ++c) chunks.push_back(c);
+  for (int c : chunks) {
     STRATA_RETURN_IF_ERROR(s.CheckNotFinal(c, "gradient of tensor \"" + s.model.tensors[tensor].name + "\"",
                                            "AccumulateGrad", tensor));
   }
   s.order->Note(zero::UseKind::kGrad, tensor);
   // The gradient was written by the model's kernels.
   STRATA_RETURN_IF_ERROR(s.FailHook(s.ops->WaitForModel(), "AccumulateGrad", tensor));
-  std::vector<int> chunks;
-  for (int c = first; c <= last; ++c) chunks.push_back(c);
   for (int c : chunks) {
     if (!s.grad_bufs.count(c))
       STRATA_RETURN_IF_ERROR(s.FailHook(s.HoldGradBuffer(c, chunks), "AccumulateGrad", tensor));

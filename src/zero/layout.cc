@@ -64,11 +64,13 @@ void PlaceTensors(const ModelDecl& model, Layout& l) {
   int64_t used = 0;
   l.chunk_tensors.assign(1, {});
   l.run_first.assign(1, -1);
+  l.run_length.assign(1, 1);
   auto next_chunk = [&] {
     ++chunk;
     used = 0;
     l.chunk_tensors.emplace_back();
     l.run_first.push_back(-1);
+    l.run_length.push_back(1);
   };
   for (TensorId id : PlacementOrder(model)) {
     const int64_t n = model.tensors[id].numel();
@@ -79,6 +81,7 @@ void PlaceTensors(const ModelDecl& model, Layout& l) {
         if (k > 0) next_chunk();
         l.chunk_tensors[chunk].push_back(id);
         l.run_first[chunk] = first;
+        l.run_length[chunk] = count;
       }
       l.tensors[id] = TensorPlace{first, 0, n};
       used = n - static_cast<int64_t>(count - 1) * ce;
@@ -90,10 +93,6 @@ void PlaceTensors(const ModelDecl& model, Layout& l) {
     used += n;
   }
   l.num_chunks = chunk + 1;
-  l.run_length.assign(l.num_chunks, 1);
-  for (int c = 0; c < l.num_chunks; ++c)
-    if (l.InRun(c))
-      l.run_length[c] = static_cast<int>(std::count(l.run_first.begin(), l.run_first.end(), l.run_first[c]));
 }
 
 }  // namespace
