@@ -20,7 +20,7 @@ void Engine::Impl::PlanExtras(MemoryPlan& p) {
     zero::ResidencyInputs in;
     in.layout = &layout;
     in.trace = &order->trace();
-    in.pieces = pieces;
+    in.pieces = piece_shape.pieces;
     in.set_bytes = opt_set_bytes;
     in.chunk_bytes = ResidentStateBytes() + (grad_tier == ZeroTier::kNvme ? grad_slot_bytes : 0);
     in.room = host_room();
@@ -61,7 +61,7 @@ void Engine::Impl::PlanExtras(MemoryPlan& p) {
   const uint64_t resident = std::count(opt_resident.begin(), opt_resident.end(), 1);
   const uint64_t per_resident =
       opt_tier == ZeroTier::kNvme
-          ? 2ull * pieces * opt_set_bytes + (grad_tier == ZeroTier::kNvme ? grad_slot_bytes : 0)
+          ? 2ull * piece_shape.pieces * opt_set_bytes + (grad_tier == ZeroTier::kNvme ? grad_slot_bytes : 0)
           : 0;
   const uint64_t params_off_disk = info.param_resident_chunks * ParamShardBytes();
   info.nvme_need = p.nvme.Total() - resident * per_resident - params_off_disk;

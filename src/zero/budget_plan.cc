@@ -51,13 +51,14 @@ void Engine::Impl::PlanPieces() {
   in.sub_group_size = config.zero.sub_group_size;
   zero::PiecePlan plan = zero::PlanPieces(in);
   if (!plan.warning.empty()) STRATA_LOG(kWarn, "engine") << plan.warning;
-  piece_elems = plan.piece_elems;
-  pieces = plan.pieces;
+  piece_shape.opt_elems = opt_elems;
+  piece_shape.piece_elems = plan.piece_elems;
+  piece_shape.pieces = plan.pieces;
   opt_set_bytes = plan.opt_set_bytes;
   grad_slot_bytes = plan.grad_slot_bytes;
   publish_behind = plan.publish_behind;
   param_from_master = plan.params_from_master;
-  piece_live = std::move(plan.piece_live);
+  piece_shape.live = std::move(plan.piece_live);
 }
 
 uint64_t Engine::Impl::RunGradBytes() const { return RunChunks() * layout.chunk_elems * 4ull; }
@@ -175,9 +176,11 @@ void Engine::Impl::PlanHostNeed(MemoryPlan& p) {
   }
   if (opt_tier == ZeroTier::kNvme) {
     h.Add(Part("one NVMe optimizer staging set (a piece's fp32 master, m and v)", opt_set_bytes,
-               pieces > 1 ? NeedScale::kFixed : NeedScale::kChunk,
-               pieces > 1 ? "lower zero_optimization.sub_group_size (smaller NVMe optimizer pieces)" : "",
-               pieces == 1));
+               piece_shape.pieces > 1 ? NeedScale::kFixed : NeedScale::kChunk,
+               piece_shape.pieces > 1
+                   ? "lower zero_optimization.sub_group_size (smaller NVMe optimizer pieces)"
+                   : "",
+               piece_shape.pieces == 1));
   }
   const int resident = PlanExplicitResidency(h);
   if (grad_tier != ZeroTier::kDevice) {
@@ -260,7 +263,7 @@ void Engine::Impl::PlanNvmeNeed(MemoryPlan& p) {
   }
   if (opt_tier == ZeroTier::kNvme) {
     p.nvme.Add(Part("the optimizer state (fp32 master, m and v, in two slots: committed and next)",
-                    2 * n_chunks * pieces * opt_set_bytes, NeedScale::kModel, opt_disks, true,
+                    2 * n_chunks * piece_shape.pieces * opt_set_bytes, NeedScale::kModel, opt_disks, true,
                     SwapPaths(config, oo)));
   }
   if (grad_tier == ZeroTier::kNvme) {

@@ -86,30 +86,6 @@ Result<Communicator*> ChooseDeviceComm(const EngineResources& res) {
 
 }  // namespace
 
-void* Engine::Impl::Pool::Take() {
-  std::unique_lock lock(mu);
-  cv.wait(lock, [&] { return !free.empty(); });
-  void* p = free.back();
-  free.pop_back();
-  return p;
-}
-
-void* Engine::Impl::Pool::TryTake() {
-  std::lock_guard lock(mu);
-  if (free.empty()) return nullptr;
-  void* p = free.back();
-  free.pop_back();
-  return p;
-}
-
-void Engine::Impl::Pool::Give(void* p) {
-  {
-    std::lock_guard lock(mu);
-    free.push_back(p);
-  }
-  cv.notify_one();
-}
-
 Result<void*> Engine::Impl::DeviceAlloc(uint64_t bytes, const char* what) {
   auto r = device->Allocate(std::max<uint64_t>(bytes, 256));
   if (!r.ok()) return r.status().WithContext(std::string("engine: device memory for ") + what);
@@ -156,15 +132,13 @@ Engine::~Engine() {
   s.opt_worker.Drain();
   // Reads ahead and writes behind may still target pinned buffers (training stopped
   // between steps, or a step failed): they finish before the stores and the arena go.
-  if (s.opt_store) {
-    s.DropNvmeReads().IgnoreError();
-    s.WaitNvmeWrites().IgnoreError();
-  }
+  if (s.nvme_opt) s.nvme_opt->DropReads().IgnoreError();
+  s.WaitNvmeWrites().IgnoreError();
   if (s.device) {
     s.device->SynchronizeAll().IgnoreError();  // errors were reported by the calls that queued the work
     for (void* p : s.device_allocs) s.device->Free(p);
   }
-  s.opt_store.reset();
+  s.nvme_opt.reset();  // its store
   s.param_store.reset();
   s.grad_store.reset();
   s.io.reset();
@@ -321,11 +295,12 @@ Status Engine::Impl::PlanLayout(MemoryPlan& plan) {
       info.need_parts.push_back({std::string(zero::TierName(t->tier)), part.what, part.bytes});
   }
   info.gradients_on_nvme = grad_tier == ZeroTier::kNvme;
-  info.optimizer_pieces = opt_tier == ZeroTier::kNvme ? pieces : 1;
-  info.optimizer_piece_elems = opt_tier == ZeroTier::kNvme ? piece_elems : 0;
+  info.optimizer_pieces = opt_tier == ZeroTier::kNvme ? piece_shape.pieces : 1;
+  info.optimizer_piece_elems = opt_tier == ZeroTier::kNvme ? piece_shape.piece_elems : 0;
   info.optimizer_staging_sets = opt_staging_count;
   info.params_in_optimizer_state = param_from_master;
-  info.optimizer_padding_pieces = static_cast<int>(std::count(piece_live.begin(), piece_live.end(), 0));
+  info.optimizer_padding_pieces =
+      static_cast<int>(std::count(piece_shape.live.begin(), piece_shape.live.end(), 0));
   info.optimizer_resident_chunks = static_cast<int>(std::count(opt_resident.begin(), opt_resident.end(), 1));
   info.optimizer_device_chunks = static_cast<int>(std::count(opt_on_device.begin(), opt_on_device.end(), 1));
   info.fresh_param_shards =
@@ -335,7 +310,7 @@ Status Engine::Impl::PlanLayout(MemoryPlan& plan) {
                                << FormatBytes(info.device_need) << ", host " << FormatBytes(info.host_need)
                                << ", nvme " << FormatBytes(info.nvme_need) << "; spares " << plan.spares
                                << ", resident optimizer chunks " << info.optimizer_resident_chunks
-                               << ", staging sets " << opt_staging_count << " of " << pieces
+                               << ", staging sets " << opt_staging_count << " of " << piece_shape.pieces
                                << " piece(s) per chunk"
                                << ", gather buffers " << gather_plan.buffers << " (prefetch up to "
                                << gather_plan.max_prefetch_modules << " modules, " << info.kept_chunks
@@ -390,7 +365,7 @@ Status Engine::Impl::AllocateBuffers(const MemoryPlan& plan) {
     STRATA_ASSIGN_OR_RETURN(void* p, DeviceAlloc(l.chunk_elems * 4, "gradient buffers"));
     // Padding must read as zero in every reduce.
     STRATA_RETURN_IF_ERROR(ops->Zero(zero::OpsLane::kTraining, p, l.chunk_elems * 4));
-    grad_pool.free.push_back(p);
+    grad_pool.Add(p);
   }
   {
     STRATA_ASSIGN_OR_RETURN(void* p, DeviceAlloc(plan.recv_elems * 4, "reduce staging"));
@@ -417,7 +392,7 @@ Status Engine::Impl::AllocateBuffers(const MemoryPlan& plan) {
   }
   for (int i = 0; i < grad_host_count; ++i) {
     STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(grad_slot_bytes, "gradient shards on their way to NVMe"));
-    grad_host.free.push_back(p);
+    grad_host.Add(p);
   }
   return OkStatus();
 }
@@ -425,17 +400,21 @@ Status Engine::Impl::AllocateBuffers(const MemoryPlan& plan) {
 Status Engine::Impl::AllocateShards(const MemoryPlan& plan) {
   const uint64_t n_chunks = layout.num_chunks, opt_bytes = opt_elems * 4;
   opt.resize(n_chunks);
+  if (opt_tier == ZeroTier::kDevice || !opt_on_device.empty())
+    device_opt.emplace(ZeroTier::kDevice, ops.get(), opt_elems, layout.num_chunks, &save_gate);
+  if (opt_tier != ZeroTier::kDevice)
+    host_opt.emplace(ZeroTier::kHost, &zero::HostMemoryOps(), opt_elems, layout.num_chunks, &save_gate);
   for (int c = 0; c < static_cast<int>(n_chunks); ++c) {
     OptChunk& o = opt[c];
     if (OptTierOf(c) == ZeroTier::kDevice) {
       STRATA_ASSIGN_OR_RETURN(void* st, DeviceAlloc(3 * opt_bytes, "optimizer state"));
       STRATA_ASSIGN_OR_RETURN(void* g, DeviceAlloc(opt_bytes, "gradient shards"));
-      o.state = static_cast<float*>(st);
+      device_opt->SetState(c, static_cast<float*>(st));
       o.grad = static_cast<float*>(g);
     } else {
       if (OptTierOf(c) == ZeroTier::kHost) {
         STRATA_ASSIGN_OR_RETURN(void* st, HostAlloc(3 * opt_bytes, "optimizer state"));
-        o.state = static_cast<float*>(st);
+        host_opt->SetState(c, static_cast<float*>(st));
       }
       if (GradTierOf(c) == ZeroTier::kHost) {
         STRATA_ASSIGN_OR_RETURN(void* g, HostAlloc(opt_bytes, "gradient shards"));
@@ -449,11 +428,15 @@ Status Engine::Impl::AllocateShards(const MemoryPlan& plan) {
     STRATA_ASSIGN_OR_RETURN(void* p, opt_tier == ZeroTier::kDevice
                                          ? DeviceAlloc(3 * opt_bytes, "speculation spares")
                                          : HostAlloc(3 * opt_bytes, "speculation spares"));
-    spare_states.push_back(static_cast<float*>(p));
+    (opt_tier == ZeroTier::kDevice ? *device_opt : *host_opt).AddSpare(static_cast<float*>(p));
+  }
+  if (opt_tier == ZeroTier::kNvme) {
+    nvme_opt.emplace(piece_shape, layout.num_chunks, param_from_master, &save_gate, NvmeHooks());
+    nvme_opt->SetTimeline(timeline, track_nvme, track_optimizer);
   }
   for (int i = 0; i < opt_staging_count; ++i) {
     STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_set_bytes, "NVMe optimizer staging"));
-    opt_staging.free.push_back(p);
+    nvme_opt->AddStagingSet(p);
   }
   if (publish_behind) {
     param_source.resize(n_chunks);
@@ -461,7 +444,7 @@ Status Engine::Impl::AllocateShards(const MemoryPlan& plan) {
   }
   for (int i = 0; publish_behind && i < kOut16Staging; ++i) {
     STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_elems * csize, "parameter shards on their way to NVMe"));
-    out16_staging.free.push_back(p);
+    out16_staging.Add(p);
   }
   if (stage == 3) {
     const uint64_t shard16 = layout.shard_elems * csize;
@@ -477,7 +460,7 @@ Status Engine::Impl::AllocateShards(const MemoryPlan& plan) {
   if (stage == 3 || opt_tier != ZeroTier::kDevice) {
     for (int i = 0; i < kParamStaging; ++i) {
       STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_elems * csize, "parameter staging"));
-      param_staging.free.push_back(p);
+      param_staging.Add(p);
     }
   }
   return OkStatus();
@@ -498,18 +481,10 @@ Status Engine::Impl::OpenNvmeStores() {
     so.paths = SwapPaths(config, config.zero.offload_optimizer);
     so.name = "strata-optim-r" + std::to_string(rank);
     so.slot_size = opt_set_bytes;
-    so.slot_count = 2 * on_disk * pieces;
+    so.slot_count = 2 * on_disk * piece_shape.pieces;
     so.checksum = config.strata.checksum;
-    STRATA_ASSIGN_OR_RETURN(opt_store, NvmeStore::Open(*io, so));
-    for (int c = 0; c < static_cast<int>(n_chunks); ++c) {
-      if (Resident(c)) continue;
-      for (auto& version : opt[c].slot) {
-        version.resize(pieces);
-        for (SlotId& slot : version) {
-          STRATA_ASSIGN_OR_RETURN(slot, opt_store->Allocate());
-        }
-      }
-    }
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<NvmeStore> store, NvmeStore::Open(*io, so));
+    STRATA_RETURN_IF_ERROR(nvme_opt->AttachStore(std::move(store)));
   }
   if (grad_tier == ZeroTier::kNvme) STRATA_RETURN_IF_ERROR(OpenGradStore());
   const int params_on_disk = static_cast<int>(n_chunks) - info.param_resident_chunks;
@@ -549,30 +524,26 @@ Status Engine::Impl::InitParams(const ParamInit& init) {
       STRATA_RETURN_IF_ERROR(st);
     }
     // Optimizer state: master = the fp32 values of this rank's part, m = v = 0.
-    OptChunk& o = opt[c];
     if (OptTierOf(c) == ZeroTier::kNvme) {
-      float* set = static_cast<float*>(opt_staging.Take());
-      for (int p = 0; p < pieces; ++p) {
-        if (!PieceLive(c, p)) continue;
-        const int64_t n = PieceElems(p);
-        std::memcpy(set, full.data() + opt_offset + p * piece_elems, n * 4);
+      STRATA_ASSIGN_OR_RETURN(float* set, nvme_opt->TakeSet());
+      Status st;
+      for (int p = 0; st.ok() && p < piece_shape.pieces; ++p) {
+        if (!piece_shape.Live(c, p)) continue;
+        const int64_t n = piece_shape.Elems(p);
+        std::memcpy(set, full.data() + opt_offset + p * piece_shape.piece_elems, n * 4);
         std::memset(set + n, 0, 2 * n * 4);
-        auto h = opt_store->Write(o.slot[0][p], set, PieceBytes(p), param_from_master ? n * 4 : 0);
-        Status st = h.ok() ? h->Wait() : h.status();
-        if (!st.ok()) {
-          opt_staging.Give(set);
-          return st;
-        }
-        bytes_nvme_written += PieceBytes(p);
+        st = nvme_opt->WriteCommitted(c, p, set);
+        if (st.ok()) bytes_nvme_written += piece_shape.Bytes(p);
       }
-      opt_staging.Give(set);
+      nvme_opt->GiveSet(set);
+      STRATA_RETURN_IF_ERROR(st);
     } else {
       std::vector<float> st(3 * opt_elems, 0.0f);
       std::memcpy(st.data(), full.data() + opt_offset, opt_elems * 4);
       if (OptTierOf(c) == ZeroTier::kDevice) {
-        STRATA_RETURN_IF_ERROR(CopyToDevice(o.state, st.data(), st.size() * 4));
+        STRATA_RETURN_IF_ERROR(CopyToDevice(StateOf(c), st.data(), st.size() * 4));
       } else {
-        std::memcpy(o.state, st.data(), st.size() * 4);
+        std::memcpy(StateOf(c), st.data(), st.size() * 4);
       }
     }
   }

@@ -148,7 +148,7 @@ Status Engine::LoadCheckpoint(const std::string& dir_arg, CheckpointMeta* meta) 
     if (!dropped.ok()) return fail(ckpt::AgreeOnStatus(s, dropped, what));
   }
   if (s.opt_tier == ZeroTier::kNvme) {
-    Status dropped = s.DropNvmeReads();
+    Status dropped = s.nvme_opt->DropReads();
     if (!dropped.ok()) return fail(ckpt::AgreeOnStatus(s, dropped, what));
   }
   Status st = ckpt::AgreeOnStatus(

@@ -127,7 +127,7 @@ Status RestoreChunkToMemory(Engine::Impl& s, int chunk, StateReaders& f) {
   zero::DeviceOps& ops = s.OpsOn(s.OptTierOf(chunk));
   const uint64_t bytes = s.opt_elems * 4;
   for (int k = 0; k < kStateKinds; ++k) {
-    uint8_t* dst = reinterpret_cast<uint8_t*>(s.opt[chunk].state + k * s.opt_elems);
+    uint8_t* dst = reinterpret_cast<uint8_t*>(s.StateOf(chunk) + k * s.opt_elems);
     for (uint64_t done = 0; done < bytes;) {
       STRATA_ASSIGN_OR_RETURN(std::span<const uint8_t> v, f.reader[k]->Next(bytes - done));
       STRATA_RETURN_IF_ERROR(ops.WriteFromHost(zero::OpsLane::kTraining, dst + done, v.data(), v.size()));
@@ -141,19 +141,15 @@ Status RestoreChunkToMemory(Engine::Impl& s, int chunk, StateReaders& f) {
 // chunk's committed slot, as the optimizer writes it: with the master as a readable
 // prefix when gathers read parameters from it.
 Status WritePiece(Engine::Impl& s, int chunk, int p, float* set) {
-  const int64_t n = s.PieceElems(p);
-  std::memset(set + 3 * n, 0, s.PieceBytes(p) - 3 * n * 4);
-  const Engine::Impl::OptChunk& o = s.opt[chunk];
-  auto wr = s.opt_store->Write(o.slot[o.current][p], set, s.PieceBytes(p), s.param_from_master ? n * 4 : 0);
-  return (wr.ok() ? wr->Wait() : wr.status())
+  return s.nvme_opt->WriteCommitted(chunk, p, set)
       .WithContext("checkpoint: writing the optimizer state of chunk " + std::to_string(chunk) + " to NVMe");
 }
 
 // Each live piece assembled from the three files in one staging set.
 Status RestoreChunkToNvme(Engine::Impl& s, int chunk, StateReaders& f, float* set) {
-  for (int p = 0; p < s.pieces; ++p) {
-    const int64_t n = s.PieceElems(p);
-    if (!s.PieceLive(chunk, p)) {
+  for (int p = 0; p < s.piece_shape.pieces; ++p) {
+    const int64_t n = s.piece_shape.Elems(p);
+    if (!s.piece_shape.Live(chunk, p)) {
       for (auto& r : f.reader) STRATA_RETURN_IF_ERROR(r->Skip(n * 4));
       continue;
     }
@@ -167,11 +163,11 @@ Status RestoreChunkToNvme(Engine::Impl& s, int chunk, StateReaders& f, float* se
 // A resharded chunk: its values come from wherever the saving layout put them.
 Status ReshardChunk(Engine::Impl& s, int chunk, ReshardSource& src, float* set, std::vector<float>& bounce) {
   if (s.OptTierOf(chunk) == ZeroTier::kNvme) {
-    for (int p = 0; p < s.pieces; ++p) {
-      if (!s.PieceLive(chunk, p)) continue;  // wholly padding: never read, so never written
-      const int64_t n = s.PieceElems(p);
+    for (int p = 0; p < s.piece_shape.pieces; ++p) {
+      if (!s.piece_shape.Live(chunk, p)) continue;  // wholly padding: never read, so never written
+      const int64_t n = s.piece_shape.Elems(p);
       for (int k = 0; k < kStateKinds; ++k)
-        STRATA_RETURN_IF_ERROR(src.Read(k, chunk, p * s.piece_elems, n, set + k * n));
+        STRATA_RETURN_IF_ERROR(src.Read(k, chunk, p * s.piece_shape.piece_elems, n, set + k * n));
       STRATA_RETURN_IF_ERROR(WritePiece(s, chunk, p, set));
     }
     s.SyncParamSource(chunk);
@@ -179,7 +175,7 @@ Status ReshardChunk(Engine::Impl& s, int chunk, ReshardSource& src, float* set, 
   }
   zero::DeviceOps& ops = s.OpsOn(s.OptTierOf(chunk));
   for (int k = 0; k < kStateKinds; ++k) {
-    float* dst = s.opt[chunk].state + k * s.opt_elems;
+    float* dst = s.StateOf(chunk) + k * s.opt_elems;
     for (int64_t at = 0; at < s.opt_elems; at += bounce.size()) {
       const int64_t n = std::min<int64_t>(bounce.size(), s.opt_elems - at);
       STRATA_RETURN_IF_ERROR(src.Read(k, chunk, at, n, bounce.data()));
@@ -197,22 +193,22 @@ StateSnapshot Snapshot(Engine::Impl& s) {
   StateSnapshot snap;
   snap.rank = s.rank;
   snap.opt_elems = s.opt_elems;
-  snap.piece_elems = s.opt_tier == ZeroTier::kNvme ? s.piece_elems : s.opt_elems;
-  snap.pieces = s.opt_tier == ZeroTier::kNvme ? s.pieces : 1;
+  snap.piece_elems = s.opt_tier == ZeroTier::kNvme ? s.piece_shape.piece_elems : s.opt_elems;
+  snap.pieces = s.opt_tier == ZeroTier::kNvme ? s.piece_shape.pieces : 1;
   snap.piece_bytes = snap.PieceBytes(0);
-  snap.store = s.opt_store.get();
+  snap.store = s.nvme_opt ? s.nvme_opt->store() : nullptr;
   for (int c = 0; c < s.layout.num_chunks; ++c) {
     StateSnapshot::Chunk chunk;
     const ZeroTier tier = s.OptTierOf(c);
     snap.on_device |= tier == ZeroTier::kDevice;
     if (tier == ZeroTier::kNvme) {
-      const Engine::Impl::OptChunk& o = s.opt[c];  // settled: Flush ran first
-      for (int p = 0; p < s.pieces; ++p) {
-        chunk.slots.push_back(o.slot[o.current][p]);
-        chunk.live.push_back(s.PieceLive(c, p));
+      // Settled: Flush ran first.
+      for (int p = 0; p < s.piece_shape.pieces; ++p) {
+        chunk.slots.push_back(s.nvme_opt->Slot(c, s.nvme_opt->ReadVersion(c), p));
+        chunk.live.push_back(s.piece_shape.Live(c, p));
       }
     } else {
-      chunk.state = s.opt[c].state;
+      chunk.state = s.StateOf(c);
       chunk.ops = &s.OpsOn(tier);
     }
     snap.chunks.push_back(std::move(chunk));
@@ -283,7 +279,7 @@ Status RestoreState(Engine::Impl& s, StateReaders& f) {
   const uint64_t chunk_bytes = ChunkBytes(s);
   float* set = nullptr;
   if (s.opt_tier == ZeroTier::kNvme) {
-    STRATA_ASSIGN_OR_RETURN(set, s.TakeOptStaging());
+    STRATA_ASSIGN_OR_RETURN(set, s.nvme_opt->TakeSet());
   }
   Status st;
   for (int c = 0; st.ok() && c < s.layout.num_chunks; ++c) {
@@ -298,7 +294,7 @@ Status RestoreState(Engine::Impl& s, StateReaders& f) {
                     : sum.status();
     }
   }
-  if (set != nullptr) s.opt_staging.Give(set);
+  if (set != nullptr) s.nvme_opt->GiveSet(set);
   for (int k = 0; st.ok() && k < kStateKinds; ++k) {
     const FileReader& r = *f.reader[k];
     if (r.contiguous() && r.read_end() == f.record[k]->bytes && r.file_xxh3() != f.record[k]->xxh3) {
@@ -312,12 +308,12 @@ Status RestoreState(Engine::Impl& s, StateReaders& f) {
 Status RestoreResharded(Engine::Impl& s, ReshardSource& src) {
   float* set = nullptr;
   if (s.opt_tier == ZeroTier::kNvme) {
-    STRATA_ASSIGN_OR_RETURN(set, s.TakeOptStaging());
+    STRATA_ASSIGN_OR_RETURN(set, s.nvme_opt->TakeSet());
   }
   std::vector<float> bounce(std::min<int64_t>(s.opt_elems, kStreamBufferBytes / 4));
   Status st;
   for (int c = 0; st.ok() && c < s.layout.num_chunks; ++c) st = ReshardChunk(s, c, src, set, bounce);
-  if (set != nullptr) s.opt_staging.Give(set);
+  if (set != nullptr) s.nvme_opt->GiveSet(set);
   return st;
 }
 

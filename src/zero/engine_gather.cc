@@ -36,13 +36,14 @@ Result<std::vector<IoHandle>> Engine::Impl::ReadParamShard(int chunk, void* stag
     std::lock_guard lock(param_write_mu);
     version = param_source[chunk].version;
   }
-  for (int p = 0; p < pieces; ++p) {
-    uint8_t* dst = static_cast<uint8_t*>(staged) + p * piece_elems * 4;
-    if (!PieceLive(chunk, p)) {
-      std::memset(dst, 0, PieceElems(p) * 4);  // never written: zeros, as its state
+  for (int p = 0; p < piece_shape.pieces; ++p) {
+    uint8_t* dst = static_cast<uint8_t*>(staged) + p * piece_shape.piece_elems * 4;
+    if (!piece_shape.Live(chunk, p)) {
+      std::memset(dst, 0, piece_shape.Elems(p) * 4);  // never written: zeros, as its state
       continue;
     }
-    auto h = opt_store->Read(opt[chunk].slot[version][p], dst, PieceElems(p) * 4, IoPriority::kUrgent);
+    auto h = nvme_opt->store()->Read(nvme_opt->Slot(chunk, version, p), dst, piece_shape.Elems(p) * 4,
+                                     IoPriority::kUrgent);
     if (!h.ok()) {
       for (const IoHandle& r : reads) (void)r.Wait();  // the buffer goes back only when quiet
       return h.status();
@@ -55,7 +56,8 @@ Result<std::vector<IoHandle>> Engine::Impl::ReadParamShard(int chunk, void* stag
 uint64_t Engine::Impl::ShardReadBytes(int chunk) const {
   if (!param_from_master) return layout.shard_elems * csize;
   uint64_t bytes = 0;
-  for (int p = 0; p < pieces; ++p) bytes += PieceLive(chunk, p) ? PieceElems(p) * 4 : 0;
+  for (int p = 0; p < piece_shape.pieces; ++p)
+    bytes += piece_shape.Live(chunk, p) ? piece_shape.Elems(p) * 4 : 0;
   return bytes;
 }
 
@@ -174,7 +176,8 @@ void Engine::Impl::ReadStatesAhead() {
   // The backward finishes the last chunk first. A failed read is not lost: the step
   // finds no read for its chunk and issues it again, which reports the error.
   opt_worker.Submit([this] {
-    Status st = ReadAheadDescending(layout.num_chunks - 1);
+    const int last = layout.num_chunks - 1;
+    Status st = nvme_opt->ReadAhead(last, 0, last - 1, /*descending=*/true);
     if (!st.ok()) STRATA_LOG(kWarn, "engine") << "optimizer state read-ahead: " << st.ToString();
     return OkStatus();
   });

@@ -27,13 +27,18 @@
 #include "strata/nvme_store.h"
 #include "strata/timeline.h"
 #include "zero/budget_check.h"
+#include "zero/buffer_pool.h"
 #include "zero/device_ops.h"
 #include "zero/layout.h"
+#include "zero/memory_optimizer.h"
+#include "zero/nvme_optimizer.h"
 #include "zero/overlap_tuner.h"
 #include "zero/param_gatherer.h"
+#include "zero/piece_plan.h"
 #include "zero/save_gate.h"
 #include "zero/serial_worker.h"
 #include "zero/trace.h"
+#include "zero/write_behind.h"
 
 namespace strata {
 namespace ckpt {
@@ -84,7 +89,7 @@ struct Engine::Impl {
   // device one, when that is another (Communicator::PostFailure): the peers' collectives,
   // which this rank will no longer join, end at once instead of at the watchdog's limit.
   void MarkFailed(const Status& why, std::string call);
-  // A write error that Flush or GatherMaster saw after Step() returned (WaitWrite has
+  // A write error that Flush or GatherMaster saw after Step() returned (the NVMe optimizer has
   // rolled the step back): the engine trains no more, as after a failed Step(). Training
   // thread only. Returns `st`.
   Status FailBehind(Status st);
@@ -96,7 +101,6 @@ struct Engine::Impl {
   Status CheckHooksDone() const;
   std::unique_ptr<IoEngine> io;
   std::shared_ptr<IoFaultHook> io_fault_hook;  // EngineResources::io_fault_hook (tests)
-  std::unique_ptr<NvmeStore> opt_store;        // master|m|v per chunk, two slots each
   std::unique_ptr<NvmeStore>
       param_store;  // 16-bit param shard per chunk (stage 3; not with param_from_master)
   std::unique_ptr<NvmeStore> grad_store;  // fp32 gradient shard per chunk (grad_tier nvme)
@@ -131,7 +135,7 @@ struct Engine::Impl {
   }
   // Stage 3 with params_from_master: a resident chunk's gathers copy its shard from the
   // master in memory, which is then always its fresh copy (SetFresh).
-  void* ResidentShard(int chunk) { return param_from_master && Resident(chunk) ? opt[chunk].state : nullptr; }
+  void* ResidentShard(int chunk) { return param_from_master && Resident(chunk) ? StateOf(chunk) : nullptr; }
   // Stage 3 with param_tier nvme: by chunk, whether its parameter shard stays in pinned
   // host memory instead (strata.param_resident, residency_plan.h); empty when none does.
   // Such a chunk is gathered and published as on the host tier and has no NVMe slot.
@@ -173,30 +177,37 @@ struct Engine::Impl {
   std::vector<HostBlock> host_blocks;
 
   struct OptChunk {
-    float* state = nullptr;  // master | m | v (opt_elems each), device or host tier
-    // nvme tier: one slot per piece (sub-group) and version; slot[v][p] holds piece p's
-    // master | m | v (PieceElems(p) each).
-    std::vector<SlotId> slot[2];
-    int current = 0;  // which slot holds the committed state
-    // nvme: a committed step whose writes (to slot[1 - current]) may still be in flight;
-    // SettleCommit makes it current once they are on disk (or returns their error, with
-    // the previous state intact).
-    bool commit_deferred = false;
-    int64_t commit_epoch = -1;  // nvme: the step_epoch of the Step() that committed it
     float* grad = nullptr;      // gradient shard, accumulated over micro-batches (device/host)
     SlotId grad_slot = 0;       // ... or its slot in grad_store (nvme)
     GradStats grad_stats;       // nvme: the final shard's stats, taken before it is written
     bool grad_on_disk = false;  // nvme: grad_slot holds this step's final shard
-    // Speculative result waiting for Step(): a spare buffer (device/host tiers) or the
-    // other slot (nvme), written by the optimizer worker.
-    float* pending = nullptr;
+    // A speculative result waits for Step() in its backend (a spare buffer, or the NVMe
+    // version that is not current), written by the optimizer worker.
     bool has_pending = false;
     bool speculated = false;  // stepped during backward this step
     std::shared_future<Status> spec_done;
   };
   std::vector<OptChunk> opt;
-  std::vector<float*> spare_states;  // free spare buffers for speculation (device/host)
-  std::mutex spare_mu;
+  // The optimizer state's backends (optimizer_backend.h): on the device (opt_tier device,
+  // or the chunks offload_optimizer.ratio keeps there), in pinned host memory (opt_tier
+  // host, or the NVMe optimizer's resident chunks), and on NVMe. Each exists when some
+  // chunk is on its tier; speculation spares belong to opt_tier's memory backend.
+  std::optional<zero::MemoryOptimizer> device_opt, host_opt;
+  zero::OptimizerBackend& Backend(int chunk) {
+    switch (OptTierOf(chunk)) {
+      case ZeroTier::kDevice: return *device_opt;
+      case ZeroTier::kHost: return *host_opt;
+      case ZeroTier::kNvme: break;
+    }
+    return *nvme_opt;
+  }
+  zero::MemoryOptimizer& MemoryBackend(int chunk) {
+    return OptTierOf(chunk) == ZeroTier::kDevice ? *device_opt : *host_opt;
+  }
+  // A chunk's state in memory (device or host tier), master | m | v.
+  float* StateOf(int chunk) { return MemoryBackend(chunk).state(chunk); }
+  // The arguments of one step of `chunk` at this point of training.
+  zero::OptimizerStep StepArgs(int chunk, float grad_scale, bool speculative, int next_chunk);
 
   // Stage 3: the 16-bit shard of each chunk on param_tier.
   struct ParamShard {
@@ -205,90 +216,20 @@ struct Engine::Impl {
   };
   std::vector<ParamShard> param_shard;
 
-  // Pinned staging: NVMe optimizer sets (one piece's master | m | v each) and param shards.
-  struct Pool {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::vector<void*> free;
-    void* Take();
-    void* TryTake();  // nullptr when none is free
-    void Give(void* p);
-  };
-  Pool opt_staging;
-  // The NVMe optimizer pipeline (issue: read i+1 || step i || write i-1), by piece: a
-  // chunk's shard is stepped in `pieces` sub-groups of piece_elems, so that a host budget
-  // too small for several whole-chunk sets still keeps reads ahead and writes behind in
-  // flight. Touched by one thread at a time: opt_worker during backward, the training
-  // thread in Step().
-  int64_t piece_elems = 0;  // elements per piece (the last one may have fewer)
-  int pieces = 1;           // per chunk
-  int64_t PieceElems(int p) const { return std::min<int64_t>(piece_elems, opt_elems - p * piece_elems); }
-  uint64_t PieceBytes(int p) const { return (3 * PieceElems(p) * 4 + 4095) / 4096 * 4096; }
-  int PieceKey(int chunk, int p) const { return chunk * pieces + p; }
-  // False for a piece wholly in a chunk's padding (e.g. a small module alone in a chunk):
-  // its state stays zero, so it is never read, stepped or written (its 16-bit values
-  // are written as zeros with the shard).
-  std::vector<uint8_t> piece_live;  // by PieceKey
-  bool PieceLive(int chunk, int p) const { return piece_live.empty() || piece_live[PieceKey(chunk, p)]; }
-  struct NvmeRead {
-    float* buf = nullptr;
-    IoHandle handle;
-  };
-  std::map<int, NvmeRead> nvme_reads;  // read ahead, by PieceKey
-  // A write behind and the buffer it came from, which goes back to its pool once the
-  // write is on disk.
-  struct NvmeWrite {
-    IoHandle handle;
-    void* buf = nullptr;
-    SlotId slot = 0;     // in opt_store (nvme_writes) or param_store (param_writes)
-    int chunk = -1;      // whose state it writes (nvme_writes)
-    int64_t epoch = -1;  // nvme_writes: the step_epoch it was issued in
-    const char* what = "";
-    Status Wait() const { return handle.Wait().WithContext(what); }
-  };
-  std::deque<NvmeWrite> nvme_writes;   // piece states (opt_staging), oldest first
-  std::deque<NvmeWrite> param_writes;  // 16-bit shards (out16_staging), oldest first
-  // A free staging set, else the oldest write's once it is on disk (its error if it
-  // failed). Optimizer thread only (the one stepping).
-  Result<float*> TakeOptStaging();
-  Status IssueNvmeRead(int chunk, int piece);
-  Status SettleCommit(int chunk);
-  // Waits for the writes still in flight to `slot` (a read or a new write of it must not
-  // overtake them); the first error.
-  Status WaitSlotWrites(const std::deque<NvmeWrite>& writes, SlotId slot);
-  // Waits for a write; when it failed, what it belonged to is lost: a pending speculation
-  // of its chunk is dropped, and the step that wrote it is rolled back on every chunk.
-  Status WaitWrite(const NvmeWrite& w);
-  // Undoes the commits of step `epoch` on every chunk: a deferred one is cancelled, a
-  // settled one goes back to its previous slot. That slot is intact because no write of
-  // a later step is issued before every write of `epoch` is on disk (SettleEarlierSteps),
-  // so the master stays a whole step, not some chunks one step on.
-  void RollBackEpoch(int64_t epoch);
-  // Waits for the writes of earlier steps still in flight (normally long done: they run
-  // during the forward); their first error. Called before every optimizer state write.
-  Status SettleEarlierSteps();
-  // The oldest write's buffer once it is on disk; its error if it failed (it stays
-  // queued for WaitNvmeWrites, which returns the buffer).
-  Result<void*> ReuseOldest(std::deque<NvmeWrite>& writes);
-  // Issues reads for the pieces of `chunk` from first_piece on, then of next_chunk (and,
-  // descending, the chunks below it), while sets are free and fewer than all but two
-  // are reading ahead. Never waits.
-  Status ReadAhead(int chunk, int first_piece, int next_chunk, bool descending);
-  Status StepPieceNvme(int chunk, int piece, float grad_scale, bool speculative, int next_chunk,
-                       const float* grad, void* out);
-  // The committed master values of a chunk's shard (opt_elems), read piece by piece.
-  Status ReadMaster(int chunk, float* master);
-  // Waits for every write behind and returns the buffers; the first error, if `report`
-  // (false once a failed step's writes were waited for and logged: AbandonStep).
+  using Pool = zero::BufferPool;
+  // The NVMe optimizer's pieces, planned by PlanPieces (one piece a chunk off NVMe).
+  zero::PieceShape piece_shape;
+  // offload_optimizer nvme: the chunks' state on disk and its pipeline (nvme_optimizer.h).
+  std::optional<zero::NvmeOptimizer> nvme_opt;
+  // Waits for every write behind (optimizer state and parameter shards) and returns the
+  // buffers; the first error, if `report` (false once a failed step's writes were waited
+  // for and logged: AbandonStep).
   Status WaitNvmeWrites(bool report = true);
-  // Returns the staging sets of completed writes, oldest first, to opt_staging (a failed
-  // one stays queued for WaitNvmeWrites to report). Never blocks.
-  void ReclaimNvmeWrites();
-  Status DropNvmeReads();
   Pool param_staging;
   // Parameters on NVMe too: the step assembles a chunk's new 16-bit shard here, piece by
   // piece, and writes it behind (nothing waits for it before the next forward).
   Pool out16_staging;
+  zero::WriteBehind param_writes{&out16_staging};  // 16-bit shards written behind
   bool publish_behind = false;
   // publish_behind with fp32 compute: the parameter shard is bit for bit the master, which
   // the optimizer state write already puts on disk, so there is no parameter swap. A
@@ -309,7 +250,7 @@ struct Engine::Impl {
   // at a version already on disk that no later write touches; the fetch and training
   // threads read it.
   struct ParamSource {
-    int version = 0;  // param_from_master: opt[chunk].slot[version]
+    int version = 0;  // param_from_master: the optimizer state version (nvme_opt)
     std::vector<IoHandle> writes;
   };
   std::mutex param_write_mu;
@@ -353,9 +294,11 @@ struct Engine::Impl {
   // Runs (layout.h): by chunk, its place in its run's own gradient buffer (nullptr
   // outside runs), so that a tensor larger than a chunk is one span for the model. A
   // place is busy from HoldGradBuffer until its reduction gives it back; guarded by
-  // grad_pool.mu.
+  // run_grad_mu.
   std::vector<float*> run_grad;
   std::vector<uint8_t> run_grad_busy;
+  std::mutex run_grad_mu;
+  std::condition_variable run_grad_cv;
   // A held chunk's buffer back: to grad_pool, or a run chunk's place marked free.
   void GiveGradBuffer(int chunk, float* g);
   // Stage 3: by chunk, its place in its run's own gather buffer (nullptr outside runs).
@@ -383,7 +326,7 @@ struct Engine::Impl {
 
   // --- checkpoints (engine_checkpoint.cc) ---
   // The save StartCheckpoint began and FinishCheckpoint has not completed; its blocks
-  // not yet read are held in save_gate, which StepChunk and StepPieceNvme wait on
+  // not yet read are held in save_gate, which StepChunk and NvmeOptimizer wait on
   // before they overwrite one. save_worker writes its files.
   std::shared_ptr<ckpt::PendingSave> pending_save;
   zero::SaveGate save_gate;
@@ -409,7 +352,7 @@ struct Engine::Impl {
   int64_t resumed_step_calls = 0;
   // Step() calls that returned, skipped ones included (step_count leaves those out): tags
   // the NVMe optimizer writes and commits of each step, so that a write lost after its
-  // Step() returned undoes that whole step (RollBackEpoch).
+  // Step() returned undoes that whole step (NvmeOptimizer::RollBack).
   int64_t step_epoch = 0;
   std::atomic<int> speculative_count{0};
   std::atomic<uint64_t> bytes_nvme_read{0}, bytes_nvme_written{0}, bytes_h2d{0}, bytes_d2h{0}, bytes_comm{0};
@@ -519,8 +462,6 @@ struct Engine::Impl {
   // Reads the optimizer state of the chunks the backward steps first into free staging
   // sets (last micro-batch, optimizer on NVMe, overlap on); runs on opt_worker.
   void ReadStatesAhead();
-  // ReadAhead from the first piece of `from` down. Optimizer thread only.
-  Status ReadAheadDescending(int from) { return ReadAhead(from, 0, from - 1, /*descending=*/true); }
 
   // --- engine_hooks.cc ---
   Status CheckModule(int module) const;  // InvalidArgument naming the index and the count
@@ -597,6 +538,11 @@ struct Engine::Impl {
   Status StepChunk(int chunk, float grad_scale, bool speculative, int next_chunk = -1,
                    const float* grad = nullptr, bool publish = true, bool* updated = nullptr);
   Status StepChunkNvme(int chunk, float grad_scale, bool speculative, int next_chunk, const float* grad);
+  // Puts the shard a step wrote to `out` where the next forward reads it (st: the step's
+  // status; on failure only the buffer goes back); returns the first error.
+  Status PlaceSteppedShard(int chunk, void* out, bool on_host, Status st);
+  // nvme_opt's view of the engine (NvmeOptimizer::Hooks).
+  zero::NvmeOptimizer::Hooks NvmeHooks();
   Status CommitChunk(int chunk);
   Status DiscardChunk(int chunk);
   Status RestoreParams(int chunk);
@@ -611,17 +557,15 @@ struct Engine::Impl {
   // --- views for tests (engine_corruption_test.cc): they change nothing the engine does ---
   // A nested class may reach the engine's private state; tests get it only through here.
   static Impl& Of(Engine& engine) { return *engine.impl_; }
-  // The opt_store slot the next read of a piece's state uses: the committed version,
+  // The optimizer store slot the next read of a piece's state uses: the committed version,
   // which SettleCommit makes current before any read when its commit is still deferred.
   // The other slot is the one the next step writes. On the training thread while no
   // step runs (between Step() and the next backward).
   SlotId NextStateSlot(int chunk, int piece) const {
-    const OptChunk& o = opt[chunk];
-    return o.slot[o.commit_deferred ? 1 - o.current : o.current][piece];
+    return nvme_opt->Slot(chunk, nvme_opt->ReadVersion(chunk), piece);
   }
   SlotId NextStateWriteSlot(int chunk, int piece) const {
-    const OptChunk& o = opt[chunk];
-    return o.slot[o.commit_deferred ? o.current : 1 - o.current][piece];
+    return nvme_opt->Slot(chunk, nvme_opt->WriteVersion(chunk), piece);
   }
   // Whether the next gather of `chunk` may copy its shard from memory (BorrowFresh)
   // instead of reading it from param_store.

@@ -19,18 +19,18 @@ namespace strata {
 void Engine::Impl::GiveGradBuffer(int chunk, float* g) {
   if (!layout.InRun(chunk)) return grad_pool.Give(g);
   {
-    std::lock_guard lock(grad_pool.mu);
+    std::lock_guard lock(run_grad_mu);
     run_grad_busy[chunk] = 0;
   }
-  grad_pool.cv.notify_all();
+  run_grad_cv.notify_all();
 }
 
 Status Engine::Impl::HoldGradBuffer(int chunk, const std::vector<int>& in_use) {
   void* buf = nullptr;
   if (layout.InRun(chunk)) {
     // Its place is its own: free once the last reduction from it is done.
-    std::unique_lock lock(grad_pool.mu);
-    grad_pool.cv.wait(lock, [&] { return !run_grad_busy[chunk]; });
+    std::unique_lock lock(run_grad_mu);
+    run_grad_cv.wait(lock, [&] { return !run_grad_busy[chunk]; });
     run_grad_busy[chunk] = 1;
     buf = run_grad[chunk];
   }

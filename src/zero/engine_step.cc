@@ -52,57 +52,51 @@ Status Engine::Impl::PublishParams(int chunk, const void* src, bool from_host) {
   return OkStatus();
 }
 
+zero::OptimizerStep Engine::Impl::StepArgs(int chunk, float grad_scale, bool speculative, int next_chunk) {
+  zero::OptimizerStep a;
+  a.chunk = chunk;
+  a.adam = adam;
+  a.adam.grad_scale = grad_scale;
+  a.compute = compute;
+  a.speculative = speculative;
+  a.next_chunk = next_chunk;
+  a.overlap = overlap;
+  a.epoch = step_epoch;
+  a.arena = speculative ? &speculation_arena : nullptr;
+  return a;
+}
+
 Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, int next_chunk,
                                const float* grad, bool publish, bool* updated) {
   if (OptTierOf(chunk) == ZeroTier::kNvme)
     return StepChunkNvme(chunk, grad_scale, speculative, next_chunk, grad);
   OptChunk& o = opt[chunk];
+  zero::MemoryOptimizer& backend = MemoryBackend(chunk);
   if (grad == nullptr) grad = o.grad;
-  float* st = o.state;
-  if (speculative) {
-    std::lock_guard lock(spare_mu);
-    if (spare_states.empty()) return OkStatus();  // no room to keep the old state: step at Step()
-    st = spare_states.back();
-    spare_states.pop_back();
-  }
-  // A checkpoint save in flight may not have read this buffer yet (save_gate.h).
-  save_gate.WaitFree(zero::SaveGate::MemoryKey(st));
+  // No room to keep the old state: the chunk steps in Step(). Only this thread takes spares.
+  if (speculative && !backend.HasSpare()) return OkStatus();
   int64_t t0 = NowNs();
   const auto span_start = std::chrono::steady_clock::now();
-  if (speculative) {
-    Status c = OpsOn(OptTierOf(chunk)).Copy(zero::OpsLane::kOptimizer, st, o.state, 3 * opt_elems * 4);
-    if (!c.ok()) {
-      std::lock_guard lock(spare_mu);
-      spare_states.push_back(st);
-      return c.WithContext("optimizer step of chunk " + std::to_string(chunk));
-    }
-  }
-  AdamParams p = adam;
-  p.grad_scale = grad_scale;
   bool on_host;
   void* out = Out16Target(chunk, &on_host);
-  Status s;
-  if (OptTierOf(chunk) == ZeroTier::kDevice) {
-    // A device that cannot write host memory computes into out16_device first. Only one
-    // thread steps at a time (the optimizer worker is drained before Step() steps).
-    void* dev_out = on_host && out16_device != nullptr ? out16_device : out;
-    s = ops->Adam(zero::OpsLane::kOptimizer, p, st, opt_elems, grad, compute, dev_out);
-    if (updated) *updated = s.ok();
-    if (s.ok() && dev_out != out && publish) {
-      s = ops->ReadToHost(zero::OpsLane::kOptimizer, out, dev_out, opt_elems * csize);
-    }
-  } else {
-    s = zero::AdamOnHost(p, st, opt_elems, grad, compute, out, speculative ? &speculation_arena : nullptr);
-    if (updated) *updated = s.ok();
+  // A device that cannot write host memory computes into out16_device first. Only one
+  // thread steps at a time (the optimizer worker is drained before Step() steps).
+  void* step_out =
+      backend.tier() == ZeroTier::kDevice && on_host && out16_device != nullptr ? out16_device : out;
+  Result<bool> stepped = backend.Step(StepArgs(chunk, grad_scale, speculative, next_chunk), grad, step_out);
+  Status s = stepped.status();
+  if (updated) *updated = s.ok();
+  if (s.ok() && *stepped && step_out != out && publish) {
+    s = ops->ReadToHost(zero::OpsLane::kOptimizer, out, step_out, opt_elems * csize);
   }
   opt_busy_ns += NowNs() - t0;
   Span(track_optimizer,
        std::string(speculative ? "step (speculative) chunk " : "step chunk ") + std::to_string(chunk),
        span_start);
-  if (s.ok() && publish) s = PublishParams(chunk, out, on_host);
+  const bool taken = stepped.ok() && *stepped;
+  if (s.ok() && taken && publish) s = PublishParams(chunk, out, on_host);
   if (on_host) param_staging.Give(out);
-  if (speculative) {
-    o.pending = st;
+  if (speculative && taken) {
     o.has_pending = true;
     o.speculated = true;
     ++speculative_count;
@@ -142,16 +136,9 @@ void Engine::Impl::MaybeSpeculate(int chunk, const float* grad, std::function<St
 Status Engine::Impl::CommitChunk(int chunk) {
   OptChunk& o = opt[chunk];
   if (!o.has_pending) return OkStatus();
-  if (OptTierOf(chunk) == ZeroTier::kNvme) {
-    o.commit_deferred = true;  // current once its writes are on disk (SettleCommit)
-    o.commit_epoch = step_epoch;
-    SyncParamSource(chunk);
-  } else {
-    std::lock_guard lock(spare_mu);
-    spare_states.push_back(o.state);
-    o.state = o.pending;
-  }
-  o.pending = nullptr;
+  // NVMe: current once its writes are on disk (SettleCommit).
+  Backend(chunk).Commit(chunk, step_epoch);
+  if (OptTierOf(chunk) == ZeroTier::kNvme) SyncParamSource(chunk);
   o.has_pending = false;
   return OkStatus();
 }
@@ -161,11 +148,7 @@ Status Engine::Impl::CommitChunk(int chunk) {
 Status Engine::Impl::DiscardChunk(int chunk) {
   OptChunk& o = opt[chunk];
   if (!o.has_pending) return OkStatus();
-  if (OptTierOf(chunk) != ZeroTier::kNvme) {
-    std::lock_guard lock(spare_mu);
-    spare_states.push_back(o.pending);
-  }
-  o.pending = nullptr;
+  Backend(chunk).Discard(chunk);
   o.has_pending = false;
   return OkStatus();
 }
@@ -178,16 +161,12 @@ Status Engine::Impl::RestoreParams(int chunk) {
     SetFresh(chunk, nullptr);
     return OkStatus();
   }
-  OptChunk& o = opt[chunk];
   std::vector<float> master(opt_elems);
   if (OptTierOf(chunk) == ZeroTier::kNvme) {
     STRATA_RETURN_IF_ERROR(WaitNvmeWrites());
-    STRATA_RETURN_IF_ERROR(DropNvmeReads());
-    STRATA_RETURN_IF_ERROR(ReadMaster(chunk, master.data()));
-  } else {
-    STRATA_RETURN_IF_ERROR(
-        OpsOn(OptTierOf(chunk)).ReadToHost(zero::OpsLane::kTraining, master.data(), o.state, opt_elems * 4));
+    STRATA_RETURN_IF_ERROR(nvme_opt->DropReads());
   }
+  STRATA_RETURN_IF_ERROR(Backend(chunk).ReadMaster(chunk, master.data()));
   bool on_host;
   void* out = Out16Target(chunk, &on_host);
   // The compute copy is rounded on the host; off the host it goes up afterwards.
@@ -215,28 +194,10 @@ Status Engine::Flush() {
   // After a failed step its writes were waited for and logged (AbandonStep).
   Status first = s.WaitNvmeWrites(/*report=*/s.failed.ok());
   for (int c = 0; c < s.layout.num_chunks; ++c) {
-    Status st = s.SettleCommit(c);
+    Status st = s.nvme_opt->SettleCommit(c);
     if (first.ok() && !st.ok()) first = st;
   }
   return s.FailBehind(first);
-}
-
-Status Engine::Impl::ReadMaster(int chunk, float* master) {
-  STRATA_RETURN_IF_ERROR(SettleCommit(chunk));
-  const OptChunk& o = opt[chunk];
-  STRATA_ASSIGN_OR_RETURN(float* st, TakeOptStaging());
-  Status s;
-  for (int p = 0; s.ok() && p < pieces; ++p) {
-    if (!PieceLive(chunk, p)) {
-      std::fill(master + p * piece_elems, master + p * piece_elems + PieceElems(p), 0.0f);
-      continue;
-    }
-    auto rd = opt_store->Read(o.slot[o.current][p], st, PieceBytes(p));
-    s = rd.ok() ? rd->Wait() : rd.status();
-    if (s.ok()) std::memcpy(master + p * piece_elems, st, PieceElems(p) * 4);
-  }
-  opt_staging.Give(st);
-  return s;
 }
 
 Result<GradStats> Engine::Impl::LocalGradStats() {
@@ -348,11 +309,11 @@ void Engine::Impl::AbandonStep(const Status& why, std::string call, int64_t step
   }
   gatherer->DropUnheld();
   if (opt_tier == ZeroTier::kNvme) {
-    (void)DropNvmeReads();
+    (void)nvme_opt->DropReads();
     // A write of the step before this one that failed now is a result lost as well.
     Status lost = WaitNvmeWrites();
     if (!lost.ok()) STRATA_LOG(kError, "engine") << "after the failed step: " << lost.ToString();
-    RollBackEpoch(stepping);  // this step's commits
+    nvme_opt->RollBack(stepping);  // this step's commits
     for (auto& o : opt) o.has_pending = false;
   }
   in_micro_batch = false;
@@ -387,19 +348,14 @@ Status Engine::Impl::GatherChunkMaster(int chunk, TensorId tensor, std::vector<f
   // the ranks (each position is owned by exactly one rank; stage 0: rank 0's copy).
   full.assign(s.layout.chunk_elems, 0.0f);
   if (s.stage > 0 || s.rank == 0) {
-    Impl::OptChunk& o = s.opt[chunk];
     if (s.OptTierOf(chunk) == ZeroTier::kNvme) {
       // The optimizer worker owns the staging pool and the writes during a micro-batch.
       // A reduction that failed leaves the window without its gradients, as in a hook.
       STRATA_RETURN_IF_ERROR(s.FailHook(s.WaitReduces(), "GatherMaster", tensor));
       s.opt_worker.Drain();
       STRATA_RETURN_IF_ERROR(s.FailBehind(s.WaitNvmeWrites(/*report=*/s.failed.ok())));
-      STRATA_RETURN_IF_ERROR(s.ReadMaster(chunk, full.data() + s.opt_offset));
-    } else {
-      STRATA_RETURN_IF_ERROR(
-          s.OpsOn(s.OptTierOf(chunk))
-              .ReadToHost(zero::OpsLane::kTraining, full.data() + s.opt_offset, o.state, s.opt_elems * 4));
     }
+    STRATA_RETURN_IF_ERROR(s.Backend(chunk).ReadMaster(chunk, full.data() + s.opt_offset));
   }
   if (s.world_size > 1) {
     auto done = s.comm_worker.Submit([&] {

@@ -42,7 +42,7 @@ Result<StepResult> Engine::Impl::StepOnce() {
   }
   STRATA_RETURN_IF_ERROR(WaitSpeculation());
   // Writes behind go on into the next forward: what reads or rewrites a slot waits for
-  // its writes (SettleCommit, WaitSlotWrites, WaitParamWrite).
+  // its writes (NvmeOptimizer, WaitParamWrite).
   r.step_wait_s = (NowNs() - t_start) * 1e-9;
   if (g.overflow) {
     STRATA_RETURN_IF_ERROR(UndoSpeculation(r));
@@ -166,7 +166,7 @@ Status Engine::Impl::StepChunks(const std::vector<int>& chunks, float grad_scale
 Status Engine::Impl::EndWindow(bool overflow) {
   if (opt_tier == ZeroTier::kNvme) {
     // Reads ahead nobody used: their buffers matter, not their errors (the step is done).
-    Status dropped = DropNvmeReads();
+    Status dropped = nvme_opt->DropReads();
     if (!dropped.ok()) STRATA_LOG(kWarn, "engine") << "unused optimizer state read: " << dropped.ToString();
   }
   std::fill(reduced_in_window.begin(), reduced_in_window.end(), 0);
@@ -185,15 +185,18 @@ Status Engine::Impl::EndWindow(bool overflow) {
 
 void Engine::Impl::TakeCounters(StepResult& r, int prefetch_depth) {
   r.speculative_steps = speculative_count.exchange(0);
-  r.optimizer_busy_s = opt_busy_ns.exchange(0) * 1e-9;
+  // The NVMe optimizer counts its own I/O and Adam.
+  const zero::NvmeOptimizer::Counters nvme =
+      nvme_opt ? nvme_opt->TakeCounters() : zero::NvmeOptimizer::Counters{};
+  r.optimizer_busy_s = (opt_busy_ns.exchange(0) + nvme.adam_busy_ns) * 1e-9;
   r.comm_busy_s = comm_busy_ns.exchange(0) * 1e-9;
-  r.io_busy_s = io_busy_ns.exchange(0) * 1e-9;
+  r.io_busy_s = (io_busy_ns.exchange(0) + nvme.io_busy_ns) * 1e-9;
   r.prefetch_modules = stage == 3 ? gatherer->prefetch_modules() : 0;
   r.gather_evictions = gatherer->TakeEvictions();
   r.shards_from_memory = std::exchange(shards_from_memory, 0);
   if (stage == 3) gatherer->set_prefetch_modules(prefetch_depth);
-  r.bytes_nvme_read = bytes_nvme_read.exchange(0);
-  r.bytes_nvme_written = bytes_nvme_written.exchange(0);
+  r.bytes_nvme_read = bytes_nvme_read.exchange(0) + nvme.bytes_read;
+  r.bytes_nvme_written = bytes_nvme_written.exchange(0) + nvme.bytes_written;
   r.bytes_h2d = bytes_h2d.exchange(0);
   r.bytes_d2h = bytes_d2h.exchange(0);
   r.bytes_comm = bytes_comm.exchange(0);

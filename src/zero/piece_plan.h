@@ -4,6 +4,7 @@
 // tested (and can be planned ahead of a run) on its own.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,6 +20,24 @@ namespace strata::zero {
 // sets, so reads run ahead and writes behind while a piece steps; large enough (16
 // requests of the default 1 MiB block) that each piece keeps the disk's queue full.
 inline constexpr uint64_t kPieceStateBytes = 16ull << 20;
+
+// Where a chunk's shard is cut into pieces, for whoever reads or writes them: the NVMe
+// optimizer, the gathers that read parameters from its master, checkpoints.
+struct PieceShape {
+  int64_t opt_elems = 0;    // elements of a chunk this rank steps
+  int64_t piece_elems = 0;  // elements per piece (the last one may have fewer)
+  int pieces = 1;           // per chunk
+  // By Key(chunk, piece): 0 for a piece wholly in a chunk's padding (e.g. a small module
+  // alone in a chunk); its state stays zero, so it is never read, stepped or written.
+  // Empty: every piece is live.
+  std::vector<uint8_t> live;
+
+  int64_t Elems(int p) const { return std::min<int64_t>(piece_elems, opt_elems - p * piece_elems); }
+  // One piece's master | m | v, as a staging set and an NVMe slot hold it.
+  uint64_t Bytes(int p) const { return (3 * Elems(p) * 4 + 4095) / 4096 * 4096; }
+  int Key(int chunk, int p) const { return chunk * pieces + p; }
+  bool Live(int chunk, int p) const { return live.empty() || live[Key(chunk, p)]; }
+};
 
 struct PieceInputs {
   const Layout* layout = nullptr;

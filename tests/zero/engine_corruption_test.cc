@@ -246,17 +246,18 @@ std::optional<Flip> ChooseTarget(const Plan& plan, Engine::Impl& s, std::mt19937
   switch (plan.kind) {
     case Kind::kOptRead:
     case Kind::kOptOverwritten: {
-      if (!s.opt_store) break;
+      if (!s.nvme_opt || s.nvme_opt->store() == nullptr) break;
+      const zero::PieceShape& shape = s.piece_shape;
       std::vector<std::pair<int, int>> live;
       for (int c = 0; c < chunks; ++c) {
-        for (int p = 0; p < s.pieces; ++p) {
-          if (s.PieceLive(c, p)) live.emplace_back(c, p);
+        for (int p = 0; p < shape.pieces; ++p) {
+          if (shape.Live(c, p)) live.emplace_back(c, p);
         }
       }
       const auto [c, p] = Draw(live, rng);
       const bool read = plan.kind == Kind::kOptRead;
       const SlotId slot = read ? s.NextStateSlot(c, p) : s.NextStateWriteSlot(c, p);
-      return Target(*s.opt_store, slot, s.PieceBytes(p), rng,
+      return Target(*s.nvme_opt->store(), slot, shape.Bytes(p), rng,
                     label("state", c) + " piece " + std::to_string(p) + (read ? " (committed)" : " (spare)"));
     }
     case Kind::kParamRead:
