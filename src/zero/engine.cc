@@ -354,22 +354,37 @@ Status Engine::Impl::AllocateRuns(uint64_t elem_bytes, const char* what, std::ve
 
 Status Engine::Impl::AllocateBuffers(const MemoryPlan& plan) {
   const zero::Layout& l = layout;
+  zero::GradReducer::Options ro;
+  ro.layout = &layout;
+  ro.ops = ops.get();
+  ro.comm = device_comm;
+  ro.world_size = world_size;
+  ro.stage = stage;
+  ro.opt_offset = opt_offset;
+  ro.compute = compute;
+  ro.worker = &comm_worker;
+  ro.timeline = timeline;
+  ro.track = track_comm;
+  reducer.emplace(ro, [this](int chunk, const float* part, bool first, bool last) {
+    return TakeReduced(chunk, part, first, last);
+  });
   {
     std::vector<void*> places;
     STRATA_RETURN_IF_ERROR(AllocateRuns(4, "gradients of tensors larger than a chunk", places));
-    run_grad.assign(places.size(), nullptr);
-    for (size_t c = 0; c < places.size(); ++c) run_grad[c] = static_cast<float*>(places[c]);
-    run_grad_busy.assign(places.size(), 0);
+    std::vector<float*> run_places(places.size());
+    for (size_t c = 0; c < places.size(); ++c) run_places[c] = static_cast<float*>(places[c]);
+    reducer->SetRunPlaces(std::move(run_places));
   }
+  reducer->set_buffers(grad_buffers);
   for (int i = 0; i < grad_buffers; ++i) {
     STRATA_ASSIGN_OR_RETURN(void* p, DeviceAlloc(l.chunk_elems * 4, "gradient buffers"));
     // Padding must read as zero in every reduce.
     STRATA_RETURN_IF_ERROR(ops->Zero(zero::OpsLane::kTraining, p, l.chunk_elems * 4));
-    grad_pool.Add(p);
+    reducer->AddBuffer(static_cast<float*>(p));
   }
   {
     STRATA_ASSIGN_OR_RETURN(void* p, DeviceAlloc(plan.recv_elems * 4, "reduce staging"));
-    reduce_recv = static_cast<float*>(p);
+    reducer->SetRecv(static_cast<float*>(p));
   }
   if (plan.out16_on_device) {
     STRATA_ASSIGN_OR_RETURN(out16_device, DeviceAlloc(opt_elems * csize, "optimizer output staging"));
@@ -547,10 +562,6 @@ Status Engine::Impl::InitParams(const ParamInit& init) {
       }
     }
   }
-  pending_backward.assign(l.num_chunks, 0);
-  reduced_final.assign(l.num_chunks, 0);
-  reduced_in_window.assign(l.num_chunks, 0);
-  grad_written.assign(l.tensors.size(), 0);
   open_pos.assign(l.num_modules(), 0);
   return OkStatus();
 }

@@ -31,8 +31,7 @@ Status Engine::BeginMicroBatch() {
                                    " micro-batches without Step(); gradient_accumulation_steps is " +
                                    std::to_string(s.config.gradient_accumulation_steps));
   }
-  s.pending_backward = s.order->uses().backward_uses;
-  std::fill(s.reduced_final.begin(), s.reduced_final.end(), 0);
+  s.reducer->BeginMicroBatch(s.order->uses().backward_uses);
   return OkStatus();
 }
 
@@ -85,7 +84,7 @@ Status Engine::Impl::CheckModule(int module) const {
 }
 
 Status Engine::Impl::CheckNotFinal(int chunk, const std::string& what, std::string_view hook, int index) {
-  if (!reduced_final[chunk]) return OkStatus();
+  if (!reducer->Final(chunk)) return OkStatus();
   return FailHook(
       FailedPreconditionError("engine: " + what + " after the gradients of chunk " + std::to_string(chunk) +
                               " were reduced for this micro-batch: the recorded call order had no such "
@@ -94,9 +93,7 @@ Status Engine::Impl::CheckNotFinal(int chunk, const std::string& what, std::stri
 }
 
 void Engine::Impl::CountBackwardUse(int chunk) {
-  // Final by the recording, and this micro-batch has followed it so far.
-  if (--pending_backward[chunk] > 0 || order->diverged()) return;
-  SubmitReduce(chunk, /*final=*/true);
+  reducer->CountUse(chunk, /*follows=*/!order->diverged(), LastMicroBatch());
 }
 
 Status Engine::Impl::EnterModule(int module, int pos) {
@@ -160,17 +157,16 @@ Result<ModuleBackward> Engine::BeginBackward(int module) {
   s.open_pos[module] = pos;
   STRATA_RETURN_IF_ERROR(s.FailHook(s.EnterModule(module, pos), "BeginBackward", module));
   for (int c : s.layout.module_chunks[module]) {
-    if (s.grad_bufs.count(c)) continue;
+    if (s.reducer->Holds(c)) continue;
     STRATA_RETURN_IF_ERROR(
-        s.FailHook(s.HoldGradBuffer(c, s.layout.module_chunks[module]), "BeginBackward", module));
+        s.FailHook(s.reducer->Hold(c, s.layout.module_chunks[module]), "BeginBackward", module));
   }
   ModuleBackward b;
   b.params = s.ParamsOf(module);
   for (TensorId id : s.layout.module_tensors[module]) {
     const zero::TensorPlace& t = s.layout.tensors[id];
-    b.grads.tensors.push_back(s.grad_bufs[t.chunk] + t.offset);
-    b.grads.accumulate.push_back(s.grad_written[id]);
-    s.grad_written[id] = 1;
+    b.grads.tensors.push_back(s.reducer->Buffer(t.chunk) + t.offset);
+    b.grads.accumulate.push_back(s.reducer->MarkWritten(id));
   }
   s.open_backward = module;
   s.module_start = std::chrono::steady_clock::now();
@@ -190,13 +186,7 @@ Status Engine::EndBackward(int module) {
   s.open_backward = -1;
   for (int c : s.layout.module_chunks[module]) s.CountBackwardUse(c);
   // Keep the queue short: drop finished reductions, surfacing their errors now.
-  while (!s.reduces.empty() &&
-         s.reduces.front().wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
-    Status st = s.reduces.front().get();
-    s.reduces.pop_front();
-    STRATA_RETURN_IF_ERROR(s.FailHook(st, "EndBackward", module));
-  }
-  return OkStatus();
+  return s.FailHook(s.reducer->PollDone(), "EndBackward", module);
 }
 
 Status Engine::AccumulateGrad(TensorId tensor, const void* grad, DType dtype) {
@@ -224,15 +214,14 @@ Status Engine::AccumulateGrad(TensorId tensor, const void* grad, DType dtype) {
   // The gradient was written by the model's kernels.
   STRATA_RETURN_IF_ERROR(s.FailHook(s.ops->WaitForModel(), "AccumulateGrad", tensor));
   for (int c : chunks) {
-    if (!s.grad_bufs.count(c))
-      STRATA_RETURN_IF_ERROR(s.FailHook(s.HoldGradBuffer(c, chunks), "AccumulateGrad", tensor));
+    if (!s.reducer->Holds(c))
+      STRATA_RETURN_IF_ERROR(s.FailHook(s.reducer->Hold(c, chunks), "AccumulateGrad", tensor));
   }
-  // A run's chunks have adjacent buffers (HoldGradBuffer): the tensor is one span.
-  Status added =
-      s.ops->AddGradient(zero::OpsLane::kTraining, s.grad_bufs[t.chunk] + t.offset, grad, dtype, t.numel,
-                         /*overwrite=*/!s.grad_written[tensor]);
+  // A run's chunks have adjacent buffers (GradReducer::Hold): the tensor is one span.
+  const bool add = s.reducer->MarkWritten(tensor);
+  Status added = s.ops->AddGradient(zero::OpsLane::kTraining, s.reducer->Buffer(t.chunk) + t.offset, grad,
+                                    dtype, t.numel, /*overwrite=*/!add);
   STRATA_RETURN_IF_ERROR(s.FailHook(added, "AccumulateGrad", tensor));
-  s.grad_written[tensor] = 1;
   for (int c : chunks) s.CountBackwardUse(c);
   return OkStatus();
 }

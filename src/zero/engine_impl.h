@@ -29,6 +29,7 @@
 #include "zero/budget_check.h"
 #include "zero/buffer_pool.h"
 #include "zero/device_ops.h"
+#include "zero/grad_reducer.h"
 #include "zero/layout.h"
 #include "zero/memory_optimizer.h"
 #include "zero/nvme_optimizer.h"
@@ -286,21 +287,14 @@ struct Engine::Impl {
   zero::GatherPlan gather_plan;  // PlanGatherBuffers'
   // Queued NVMe fetches that will take a parameter staging buffer on fetch_worker.
   std::atomic<int> fetches_awaiting_staging{0};
-  // Gradient chunk buffers (fp32, device) handed to the model during backward, by chunk,
-  // until the chunk is reduced (engine_reduce.cc).
-  std::map<int, float*> grad_bufs;
-  Pool grad_pool;
-  int grad_buffers = 0;
-  // Runs (layout.h): by chunk, its place in its run's own gradient buffer (nullptr
-  // outside runs), so that a tensor larger than a chunk is one span for the model. A
-  // place is busy from HoldGradBuffer until its reduction gives it back; guarded by
-  // run_grad_mu.
-  std::vector<float*> run_grad;
-  std::vector<uint8_t> run_grad_busy;
-  std::mutex run_grad_mu;
-  std::condition_variable run_grad_cv;
-  // A held chunk's buffer back: to grad_pool, or a run chunk's place marked free.
-  void GiveGradBuffer(int chunk, float* g);
+  // The gradient buffers handed to the model during backward and their reductions
+  // (grad_reducer.h); made with the buffers (AllocateBuffers).
+  std::optional<zero::GradReducer> reducer;
+  int grad_buffers = 0;  // planned (PlanDeviceNeed)
+  // The reducer's sink, on comm_worker: adds this rank's reduced part into the chunk's
+  // gradient shard on its tier and, after the last micro-batch, starts its speculative
+  // step (engine_reduce.cc).
+  Status TakeReduced(int chunk, const float* part, bool first_in_window, bool last);
   // Stage 3: by chunk, its place in its run's own gather buffer (nullptr outside runs).
   std::vector<void*> run_params;
   // Device bytes of the runs' own buffers: fp32 gradients and (stage 3) gathered values.
@@ -310,18 +304,13 @@ struct Engine::Impl {
     return static_cast<int>(
         std::count_if(layout.run_first.begin(), layout.run_first.end(), [](int f) { return f >= 0; }));
   }
-  std::vector<int> pending_backward;       // by chunk: backward uses the recording still expects
-  std::vector<uint8_t> reduced_final;      // by chunk: its final reduction of this micro-batch is issued
-  std::vector<uint8_t> reduced_in_window;  // by chunk: reduced at least once since the last Step()
-  std::vector<uint8_t> grad_written;       // by tensor: written since its chunk's buffer was taken
-  std::vector<int> open_pos;               // by module: trace position of its latest use
-  int open_backward = -1;                  // the module between BeginBackward and EndBackward
-  bool evaluating = false;                 // Engine::SetEvaluating
+  std::vector<int> open_pos;  // by module: trace position of its latest use
+  int open_backward = -1;     // the module between BeginBackward and EndBackward
+  bool evaluating = false;    // Engine::SetEvaluating
   // FailedPrecondition naming `call` while evaluating (it belongs to training).
   Status RefuseWhileEvaluating(const char* call) const;
-  float* reduce_recv = nullptr;  // device staging for one reduced chunk/shard
-  float* host_recv = nullptr;    // host staging of a reduced gradient, RecvStagingElems() long
-  Pool grad_host;                // grad_tier nvme: pinned shards on their way to disk
+  float* host_recv = nullptr;  // host staging of a reduced gradient, RecvStagingElems() long
+  Pool grad_host;              // grad_tier nvme: pinned shards on their way to disk
   int grad_host_count = 0;
 
   // --- checkpoints (engine_checkpoint.cc) ---
@@ -340,7 +329,6 @@ struct Engine::Impl {
   // shared arena their tasks would queue behind the model's backward, which keeps every
   // oneTBB worker busy, and would start only when backward ends.
   tbb::task_arena speculation_arena{1};
-  std::deque<std::shared_future<Status>> reduces;  // in flight, oldest first
   std::deque<std::shared_future<Status>> fetches;
 
   // --- per-step state ---
@@ -478,17 +466,9 @@ struct Engine::Impl {
   Status EnterModule(int module, int pos);
 
   // --- engine_reduce.cc ---
-  // Takes a gradient buffer for `chunk` (in_use: chunks of the use asking, which are not
-  // reduced early to free one), zeroes its padding and marks its tensors unwritten.
-  Status HoldGradBuffer(int chunk, const std::vector<int>& in_use);
-  // Queues the reduction of the chunk's held buffer on comm_worker; final: no more
-  // backward uses of it in this micro-batch.
-  void SubmitReduce(int chunk, bool final);
   // Reduces what is still held and, in the window's last micro-batch, every chunk not
   // yet final; records the call order (a change is logged).
   Status EndMicroBatch();
-  Status ReduceChunk(int chunk, float* grad, bool first_in_window, bool last_micro_batch);
-  Status WaitReduces();
 
   // --- engine_grads.cc (grad_tier nvme) ---
   Status OpenGradStore();
@@ -575,9 +555,7 @@ struct Engine::Impl {
   }
   // Waits until the reductions submitted so far have run, with the gradient shard writes
   // they wait for; their results stay for whoever collects them. Training thread.
-  void WaitForReductions() const {
-    for (const auto& r : reduces) r.wait();
-  }
+  void WaitForReductions() const { reducer->WaitRun(); }
 };
 
 }  // namespace strata

@@ -298,9 +298,8 @@ void Engine::Impl::AbandonStep(const Status& why, std::string call, int64_t step
   MarkFailed(why, std::move(call));  // before the waits below, which may need the peers' collectives
   // Reductions still queued would go on writing gradient shards and speculating. Their
   // errors are this failure's consequences: the first one was reported.
-  (void)WaitReduces();
-  for (auto& [chunk, g] : grad_bufs) GiveGradBuffer(chunk, g);
-  grad_bufs.clear();
+  (void)reducer->Wait();
+  reducer->DropHeld();
   open_backward = -1;
   opt_worker.Drain();
   for (auto& o : opt) {
@@ -351,7 +350,7 @@ Status Engine::Impl::GatherChunkMaster(int chunk, TensorId tensor, std::vector<f
     if (s.OptTierOf(chunk) == ZeroTier::kNvme) {
       // The optimizer worker owns the staging pool and the writes during a micro-batch.
       // A reduction that failed leaves the window without its gradients, as in a hook.
-      STRATA_RETURN_IF_ERROR(s.FailHook(s.WaitReduces(), "GatherMaster", tensor));
+      STRATA_RETURN_IF_ERROR(s.FailHook(s.reducer->Wait(), "GatherMaster", tensor));
       s.opt_worker.Drain();
       STRATA_RETURN_IF_ERROR(s.FailBehind(s.WaitNvmeWrites(/*report=*/s.failed.ok())));
     }

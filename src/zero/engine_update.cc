@@ -72,7 +72,7 @@ void Engine::Impl::TuneOverlap(StepResult& r) {
 
 Status Engine::Impl::FinishReductions() {
   if (in_micro_batch) STRATA_RETURN_IF_ERROR(EndMicroBatch());
-  return WaitReduces();
+  return reducer->Wait();
 }
 
 Status Engine::Impl::WaitSpeculation() {
@@ -169,7 +169,7 @@ Status Engine::Impl::EndWindow(bool overflow) {
     Status dropped = nvme_opt->DropReads();
     if (!dropped.ok()) STRATA_LOG(kWarn, "engine") << "unused optimizer state read: " << dropped.ToString();
   }
-  std::fill(reduced_in_window.begin(), reduced_in_window.end(), 0);
+  reducer->EndWindow();
   for (int c = 0; c < layout.num_chunks; ++c) {
     OptChunk& o = opt[c];
     o.speculated = false;
@@ -189,7 +189,8 @@ void Engine::Impl::TakeCounters(StepResult& r, int prefetch_depth) {
   const zero::NvmeOptimizer::Counters nvme =
       nvme_opt ? nvme_opt->TakeCounters() : zero::NvmeOptimizer::Counters{};
   r.optimizer_busy_s = (opt_busy_ns.exchange(0) + nvme.adam_busy_ns) * 1e-9;
-  r.comm_busy_s = comm_busy_ns.exchange(0) * 1e-9;
+  const zero::GradReducer::Counters reduced = reducer->TakeCounters();
+  r.comm_busy_s = (comm_busy_ns.exchange(0) + reduced.busy_ns) * 1e-9;
   r.io_busy_s = (io_busy_ns.exchange(0) + nvme.io_busy_ns) * 1e-9;
   r.prefetch_modules = stage == 3 ? gatherer->prefetch_modules() : 0;
   r.gather_evictions = gatherer->TakeEvictions();
@@ -199,7 +200,7 @@ void Engine::Impl::TakeCounters(StepResult& r, int prefetch_depth) {
   r.bytes_nvme_written = bytes_nvme_written.exchange(0) + nvme.bytes_written;
   r.bytes_h2d = bytes_h2d.exchange(0);
   r.bytes_d2h = bytes_d2h.exchange(0);
-  r.bytes_comm = bytes_comm.exchange(0);
+  r.bytes_comm = bytes_comm.exchange(0) + reduced.bytes;
   r.device_high_water = device->high_water();
   r.host_high_water = arena ? arena->high_water() : 0;
 }
