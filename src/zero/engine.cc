@@ -258,7 +258,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, ModelDecl m
 
 Result<EngineLayoutInfo> Engine::Plan(const Config& config, ModelDecl model, const EngineResources& res) {
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, Impl::Make(config, std::move(model), res));
-  Impl::MemoryPlan plan;
+  zero::EnginePlan plan;
   STRATA_RETURN_IF_ERROR(impl->PlanLayout(plan));
   return impl->info;
 }
@@ -280,15 +280,30 @@ Result<uint64_t> Engine::Impl::LeastOverRanks(uint64_t v) {
   return *std::min_element(all.begin(), all.end());
 }
 
-Status Engine::Impl::PlanLayout(MemoryPlan& plan) {
+Status Engine::Impl::PlanLayout(zero::EnginePlan& plan) {
   const zero::Layout& l = layout;
   info.num_params = l.num_params;
   info.chunk_elems = l.chunk_elems;
   info.num_chunks = l.num_chunks;
-  info.run_chunks = RunChunks();
+  info.run_chunks = l.RunChunks();
   info.shard_elems = l.shard_elems;
-  STRATA_RETURN_IF_ERROR(PlanMemory(plan));
-  PlanExtras(plan);
+  zero::PlanFacts facts;
+  facts.config = &config;
+  facts.layout = &layout;
+  facts.trace = &order->trace();
+  facts.stage = stage;
+  facts.world_size = world_size;
+  facts.opt_tier = opt_tier;
+  facts.param_tier = param_tier;
+  facts.compute = compute;
+  facts.opt_elems = opt_elems;
+  facts.opt_offset = opt_offset;
+  facts.overlap = overlap;
+  facts.host_accessible = device->host_accessible();
+  STRATA_ASSIGN_OR_RETURN(facts.device_budget, DeviceBudget());
+  facts.host_budget = [this](bool host_needed) { return HostBudget(host_needed); };
+  STRATA_ASSIGN_OR_RETURN(plan, zero::PlanEngine(facts));
+  TakePlan(plan);
   info.need_parts.clear();
   for (const zero::TierNeed* t : {&plan.device, &plan.host, &plan.nvme}) {
     for (const zero::NeedPart& part : t->parts)
@@ -304,7 +319,7 @@ Status Engine::Impl::PlanLayout(MemoryPlan& plan) {
   info.optimizer_resident_chunks = static_cast<int>(std::count(opt_resident.begin(), opt_resident.end(), 1));
   info.optimizer_device_chunks = static_cast<int>(std::count(opt_on_device.begin(), opt_on_device.end(), 1));
   info.fresh_param_shards =
-      publish_behind ? std::min(kOut16Staging, l.num_chunks - info.param_resident_chunks) : 0;
+      publish_behind ? std::min(zero::kOut16Staging, l.num_chunks - info.param_resident_chunks) : 0;
   STRATA_LOG(kDebug, "engine") << "layout: " << l.num_params << " params in " << l.num_chunks << " chunks of "
                                << l.chunk_elems << " (shard " << l.shard_elems << "); device "
                                << FormatBytes(info.device_need) << ", host " << FormatBytes(info.host_need)
@@ -320,8 +335,31 @@ Status Engine::Impl::PlanLayout(MemoryPlan& plan) {
   return OkStatus();
 }
 
+void Engine::Impl::TakePlan(const zero::EnginePlan& plan) {
+  piece_shape = plan.pieces;
+  opt_set_bytes = plan.opt_set_bytes;
+  grad_slot_bytes = plan.grad_slot_bytes;
+  publish_behind = plan.publish_behind;
+  param_from_master = plan.param_from_master;
+  grad_tier = plan.grad_tier;
+  opt_on_device = plan.opt_on_device;
+  opt_resident = plan.opt_resident;
+  param_resident = plan.param_resident;
+  grad_buffers = plan.grad_buffers;
+  opt_staging_count = plan.opt_staging_count;
+  grad_host_count = plan.grad_host_count;
+  recv_staging_elems = plan.recv_staging_elems;
+  gather_plan = plan.gather;
+  info.param_resident_chunks = plan.param_resident_chunks;
+  info.kept_chunks = gather_plan.kept_count();
+  info.carried_chunks = gather_plan.carried_count();
+  info.device_need = plan.device_need;
+  info.host_need = plan.host_need;
+  info.nvme_need = plan.nvme_need;
+}
+
 Status Engine::Impl::AllocateMemory() {
-  MemoryPlan plan;
+  zero::EnginePlan plan;
   STRATA_RETURN_IF_ERROR(PlanLayout(plan));
   if (info.host_need > 0 && arena == nullptr) {
     HostArenaOptions ao;
@@ -339,7 +377,7 @@ Status Engine::Impl::AllocateMemory() {
 Status Engine::Impl::AllocateRuns(uint64_t elem_bytes, const char* what, std::vector<void*>& places) {
   const zero::Layout& l = layout;
   places.clear();
-  if (RunChunks() == 0) return OkStatus();
+  if (l.RunChunks() == 0) return OkStatus();
   places.assign(l.num_chunks, nullptr);
   for (int c = 0; c < l.num_chunks; ++c) {
     if (l.run_first[c] != c) continue;
@@ -352,7 +390,7 @@ Status Engine::Impl::AllocateRuns(uint64_t elem_bytes, const char* what, std::ve
   return OkStatus();
 }
 
-Status Engine::Impl::AllocateBuffers(const MemoryPlan& plan) {
+Status Engine::Impl::AllocateBuffers(const zero::EnginePlan& plan) {
   const zero::Layout& l = layout;
   zero::GradReducer::Options ro;
   ro.layout = &layout;
@@ -402,7 +440,7 @@ Status Engine::Impl::AllocateBuffers(const MemoryPlan& plan) {
     gatherer->Configure(gather_plan, std::move(buffers), run_params);
   }
   if (grad_tier != ZeroTier::kDevice) {
-    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(RecvStagingElems() * 4, "gradient staging"));
+    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(recv_staging_elems * 4, "gradient staging"));
     host_recv = static_cast<float*>(p);
   }
   for (int i = 0; i < grad_host_count; ++i) {
@@ -412,7 +450,7 @@ Status Engine::Impl::AllocateBuffers(const MemoryPlan& plan) {
   return OkStatus();
 }
 
-Status Engine::Impl::AllocateShards(const MemoryPlan& plan) {
+Status Engine::Impl::AllocateShards(const zero::EnginePlan& plan) {
   const uint64_t n_chunks = layout.num_chunks, opt_bytes = opt_elems * 4;
   opt.resize(n_chunks);
   if (opt_tier == ZeroTier::kDevice || !opt_on_device.empty())
@@ -457,7 +495,7 @@ Status Engine::Impl::AllocateShards(const MemoryPlan& plan) {
     param_source.resize(n_chunks);
     fresh_shard.assign(n_chunks, nullptr);
   }
-  for (int i = 0; publish_behind && i < kOut16Staging; ++i) {
+  for (int i = 0; publish_behind && i < zero::kOut16Staging; ++i) {
     STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_elems * csize, "parameter shards on their way to NVMe"));
     out16_staging.Add(p);
   }
@@ -473,7 +511,7 @@ Status Engine::Impl::AllocateShards(const MemoryPlan& plan) {
     }
   }
   if (stage == 3 || opt_tier != ZeroTier::kDevice) {
-    for (int i = 0; i < kParamStaging; ++i) {
+    for (int i = 0; i < zero::kParamStaging; ++i) {
       STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_elems * csize, "parameter staging"));
       param_staging.Add(p);
     }

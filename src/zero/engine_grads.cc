@@ -40,13 +40,8 @@ Status Engine::Impl::OpenGradStore() {
   return OkStatus();
 }
 
-uint64_t Engine::Impl::RecvStagingElems() const {
-  return std::min<uint64_t>(
-      {static_cast<uint64_t>(opt_elems), kRecvStagingBytes / 4, config.zero.sub_group_size});
-}
-
 Status Engine::Impl::AccumulateToHost(float* dst, const float* part) {
-  const uint64_t step = RecvStagingElems(), elems = opt_elems;
+  const uint64_t step = recv_staging_elems, elems = opt_elems;
   for (uint64_t off = 0; off < elems; off += step) {
     const uint64_t n = std::min(step, elems - off);
     STRATA_RETURN_IF_ERROR(CopyToHost(host_recv, part + off, n * 4));

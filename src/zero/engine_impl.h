@@ -29,6 +29,7 @@
 #include "zero/budget_check.h"
 #include "zero/buffer_pool.h"
 #include "zero/device_ops.h"
+#include "zero/engine_planner.h"
 #include "zero/grad_reducer.h"
 #include "zero/layout.h"
 #include "zero/memory_optimizer.h"
@@ -122,7 +123,6 @@ struct Engine::Impl {
   // empty when none does. Chosen as the chunks the backward finishes last.
   std::vector<uint8_t> opt_on_device;
   bool OnDevice(int chunk) const { return !opt_on_device.empty() && opt_on_device[chunk]; }
-  int DeviceChunkCount() const;  // of opt_on_device: what ratio asks for (PlanDeviceNeed)
   ZeroTier OptTierOf(int chunk) const {
     return OnDevice(chunk) ? ZeroTier::kDevice : Resident(chunk) ? ZeroTier::kHost : opt_tier;
   }
@@ -145,8 +145,6 @@ struct Engine::Impl {
   ZeroTier ParamTierOf(int chunk) const { return ParamResident(chunk) ? ZeroTier::kHost : param_tier; }
   // Whether the parameter shards have an NVMe swap of their own (stage 3, nvme tier, not
   // read from the optimizer's master): what strata.param_resident applies to.
-  bool ParamsSwapped() const { return stage == 3 && param_tier == ZeroTier::kNvme && !param_from_master; }
-  uint64_t ParamShardBytes() const { return zero::Align4K(layout.shard_elems * csize); }
   DType compute = DType::kF32;
   size_t csize = 4;        // bytes per compute element
   int64_t opt_elems = 0;   // elements of a chunk this rank steps
@@ -297,20 +295,14 @@ struct Engine::Impl {
   Status TakeReduced(int chunk, const float* part, bool first_in_window, bool last);
   // Stage 3: by chunk, its place in its run's own gather buffer (nullptr outside runs).
   std::vector<void*> run_params;
-  // Device bytes of the runs' own buffers: fp32 gradients and (stage 3) gathered values.
-  uint64_t RunGradBytes() const;
-  uint64_t RunParamBytes() const;
-  int RunChunks() const {
-    return static_cast<int>(
-        std::count_if(layout.run_first.begin(), layout.run_first.end(), [](int f) { return f >= 0; }));
-  }
   std::vector<int> open_pos;  // by module: trace position of its latest use
   int open_backward = -1;     // the module between BeginBackward and EndBackward
   bool evaluating = false;    // Engine::SetEvaluating
   // FailedPrecondition naming `call` while evaluating (it belongs to training).
   Status RefuseWhileEvaluating(const char* call) const;
-  float* host_recv = nullptr;  // host staging of a reduced gradient, RecvStagingElems() long
-  Pool grad_host;              // grad_tier nvme: pinned shards on their way to disk
+  float* host_recv = nullptr;       // host staging of a reduced gradient, recv_staging_elems long
+  uint64_t recv_staging_elems = 0;  // the plan's
+  Pool grad_host;                   // grad_tier nvme: pinned shards on their way to disk
   int grad_host_count = 0;
 
   // --- checkpoints (engine_checkpoint.cc) ---
@@ -355,37 +347,16 @@ struct Engine::Impl {
   // Plans every tier, refuses (OutOfBudget) before allocating anything or creating any
   // file when a tier cannot hold the fixed part, then allocates and opens the stores.
   Status AllocateMemory();
-  // Pinned buffers for compute values on their way between the optimizer, the device
-  // and the parameter tier (one per worker that may hold one at a time, plus one).
-  static constexpr int kParamStaging = 3;
-  // Stage 3, optimizer and parameters on NVMe: buffers for the updated shards on their
-  // way to NVMe; the last ones filled stay as the next forward's fresh copies.
-  static constexpr int kOut16Staging = 2;
-  // A reduced gradient reaches a host-side shard through pinned staging of at most this
-  // much (and at most sub_group_size values), a piece at a time, so the staging does not
-  // grow with the module.
-  static constexpr uint64_t kRecvStagingBytes = 16ull << 20;
-  uint64_t RecvStagingElems() const;
-  // What AllocateMemory plans before it allocates.
-  struct MemoryPlan;
-  // Fills `plan` and info: every tier's need, checked against its budget (OutOfBudget
-  // before anything exists), and the optional parts the budgets leave room for.
-  Status PlanLayout(MemoryPlan& plan);
-  struct MemoryPlan {
-    // The fixed part of each tier's need.
-    zero::TierNeed device{ZeroTier::kDevice, {}}, host{ZeroTier::kHost, {}}, nvme{ZeroTier::kNvme, {}};
-    zero::TierBudget device_budget, host_budget;
-    size_t max_module_chunks = 1;  // the most chunks one module touches
-    uint64_t recv_elems = 0;       // the reduce buffer on the device
-    int fixed_gather = 0;          // stage 3: gather buffers every configuration needs
-    bool out16_on_device = false;  // the device optimizer's output goes through device staging
-    int spares = 0;                // speculation spares (optional)
-  };
-  Status AllocateBuffers(const MemoryPlan& plan);  // gradient, reduce, gather and staging buffers
+  // Plans every tier (zero::PlanEngine with this engine's budgets) and takes the plan's
+  // choices; fills info. OutOfBudget before anything exists.
+  Status PlanLayout(zero::EnginePlan& plan);
+  // The choices of the plan the engine follows (the rest it only allocates).
+  void TakePlan(const zero::EnginePlan& plan);
+  Status AllocateBuffers(const zero::EnginePlan& plan);  // gradient, reduce, gather and staging buffers
   // One zeroed device buffer per run of `elem_bytes` values a chunk element; `places`
   // by chunk (empty without runs).
   Status AllocateRuns(uint64_t elem_bytes, const char* what, std::vector<void*>& places);
-  Status AllocateShards(const MemoryPlan& plan);  // optimizer state, gradient and parameter shards
+  Status AllocateShards(const zero::EnginePlan& plan);  // optimizer state, gradient and parameter shards
   Status OpenNvmeStores();
   Status InitParams(const ParamInit& init);
   Result<void*> DeviceAlloc(uint64_t bytes, const char* what);
@@ -395,37 +366,11 @@ struct Engine::Impl {
   // The least of `v` over the ranks (collective over world; v itself at world size 1).
   Result<uint64_t> LeastOverRanks(uint64_t v);
 
-  // --- budget_plan.cc ---
-  // Piece sizes of the NVMe optimizer, whether parameters are published behind or read
-  // from the optimizer state, and which pieces lie wholly in padding.
-  void PlanPieces();
-  void PlanDeviceNeed(MemoryPlan& plan);
-  void PlanHostNeed(MemoryPlan& plan);  // also decides where NVMe-optimizer gradients wait
-  // strata.optimizer_resident set: adds the state of the chunks it asks for to the host
-  // need `h`; their count (0 when unset). PlanExtras marks which (residency_plan.h).
-  int PlanExplicitResidency(zero::TierNeed& h);
-  // strata.param_resident as a fraction: the shards it keeps, a fixed host need.
-  void PlanExplicitParamResidency(zero::TierNeed& h);
-  // Pinned bytes of one resident chunk's master | m | v (one block).
-  uint64_t ResidentStateBytes() const { return zero::Align4K(12ull * opt_elems); }
-  void PlanNvmeNeed(MemoryPlan& plan);
+  // --- engine_budgets.cc ---
   // The device room, the least over the ranks (collective), and where it comes from.
   Result<zero::TierBudget> DeviceBudget();
   // host_needed: whether the plan needs pinned memory before its optional parts.
   zero::TierBudget HostBudget(bool host_needed) const;
-  // The fixed needs of every tier against their budgets, NVMe first (budget_check.h).
-  Status PlanMemory(MemoryPlan& plan);
-  // --- budget_extras.cc ---
-  // The optional parts, as the budgets leave room: speculation spares, NVMe staging
-  // sets, pinned gradient shards, gather buffers; sets info's needs.
-  void PlanExtras(MemoryPlan& plan);
-  // Marks the parameter shards kept in memory: the explicit count, or (auto) as many as
-  // `room` holds; the chunks the forward needs first. Returns the pinned bytes the auto
-  // mode adds.
-  uint64_t PlanParamResidency(uint64_t room);
-  // Stage 3: the gather buffers, prefetch window, kept and carried chunks within `room`
-  // device bytes; the device bytes they add beyond plan.fixed_gather.
-  uint64_t PlanGatherBuffers(const MemoryPlan& plan, uint64_t room);
 
   // --- engine_gather.cc (stage 3) ---
   void* ChunkParams(int chunk);  // compute copy of a chunk (stage 3: gathered)

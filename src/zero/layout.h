@@ -5,6 +5,7 @@
 // at a chunk's first element; the tensors after it pack into the run's last chunk.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -43,6 +44,9 @@ struct Layout {
   int num_modules() const { return static_cast<int>(module_tensors.size()); }
   int64_t ShardBegin(int rank) const { return rank * shard_elems; }
   bool InRun(int chunk) const { return run_first[chunk] >= 0; }
+  int RunChunks() const {
+    return static_cast<int>(std::count_if(run_first.begin(), run_first.end(), [](int f) { return f >= 0; }));
+  }
   // Where tensor `id` starts in chunk `chunk`'s element coordinates: negative when it
   // began in an earlier chunk of its run. Its elements in the chunk are
   // [max(0, start), min(chunk_elems, start + numel)).

@@ -1,0 +1,142 @@
+// The engine's plan: what each tier must hold, checked against its budget, and the
+// optional parts the budgets leave room for (speculation spares, NVMe staging depth,
+// resident optimizer chunks and parameter shards, pinned gradient shards, gather
+// buffers). A function of the configuration, the layout, the call order and the
+// budgets: it allocates nothing and creates no file (it reads only the free space of the
+// swap paths), so `strata plan` runs it for configurations it never trains, tests run
+// it alone, and the engine allocates what it says.
+//
+// The budgets come in measured: the device's is a collective (the least room any rank
+// has), and the host's depends on whether the plan needs pinned memory at all.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "strata/config.h"
+#include "strata/dtype.h"
+#include "strata/status.h"
+#include "zero/budget_check.h"
+#include "zero/gather_plan.h"
+#include "zero/layout.h"
+#include "zero/piece_plan.h"
+#include "zero/trace.h"
+
+namespace strata::zero {
+
+// Pinned buffers for compute values on their way between the optimizer, the device and
+// the parameter tier (one per worker that may hold one at a time, plus one).
+inline constexpr int kParamStaging = 3;
+// Stage 3, optimizer and parameters on NVMe: buffers for the updated shards on their way
+// to NVMe; the last ones filled stay as the next forward's fresh copies.
+inline constexpr int kOut16Staging = 2;
+// A reduced gradient reaches a host-side shard through pinned staging of at most this
+// much (and at most sub_group_size values), a piece at a time, so the staging does not
+// grow with the module.
+inline constexpr uint64_t kRecvStagingBytes = 16ull << 20;
+
+struct PlanFacts {
+  const Config* config = nullptr;
+  const Layout* layout = nullptr;
+  const Trace* trace = nullptr;  // the call order expected
+  int stage = 0;
+  int world_size = 1;
+  ZeroTier opt_tier = ZeroTier::kDevice;
+  ZeroTier param_tier = ZeroTier::kDevice;
+  DType compute = DType::kF32;
+  int64_t opt_elems = 0;        // elements of a chunk this rank steps
+  int64_t opt_offset = 0;       // where they start in the chunk
+  bool overlap = true;          // plan for speculation (its spares)
+  bool host_accessible = true;  // whether the host addresses device memory (sim)
+  TierBudget device_budget;
+  std::function<TierBudget(bool host_needed)> host_budget;
+};
+
+struct EnginePlan {
+  // The fixed part of each tier's need (then the optional parts' totals below).
+  TierNeed device{ZeroTier::kDevice, {}}, host{ZeroTier::kHost, {}}, nvme{ZeroTier::kNvme, {}};
+  TierBudget device_budget, host_budget;
+  size_t max_module_chunks = 1;  // the most chunks outside runs one module touches
+  int grad_buffers = 0;          // gradient buffers of the pool
+  uint64_t recv_elems = 0;       // the reduce buffer on the device
+  int fixed_gather = 0;          // stage 3: gather buffers every configuration needs
+  bool out16_on_device = false;  // the device optimizer's output goes through device staging
+  // The NVMe optimizer's pieces, and whether parameters go behind it or come from it.
+  PieceShape pieces;
+  uint64_t opt_set_bytes = 0, grad_slot_bytes = 0;
+  bool publish_behind = false, param_from_master = false;
+  ZeroTier grad_tier = ZeroTier::kDevice;  // where the fp32 gradient shard waits
+  // By chunk (empty when none): state on the device under a CPU optimizer (ratio);
+  // state of the NVMe optimizer kept in pinned memory; 16-bit shards kept in memory.
+  std::vector<uint8_t> opt_on_device, opt_resident, param_resident;
+  int param_resident_chunks = 0;
+  // The optional parts.
+  int spares = 0;             // speculation spares
+  int opt_staging_count = 0;  // NVMe optimizer staging sets
+  int grad_host_count = 0;    // pinned gradient shards on their way to NVMe
+  GatherPlan gather;          // stage 3
+  // What each tier will hold, optional parts included; NVMe: only the chunks on disk.
+  uint64_t device_need = 0, host_need = 0, nvme_need = 0;
+  uint64_t recv_staging_elems = 0;  // the pinned staging of a reduced gradient
+};
+
+// PlanEngine's parts, one method per tier and one for the optional parts
+// (engine_planner.cc, engine_planner_extras.cc); used once, by PlanEngine.
+class EnginePlanner {
+ public:
+  explicit EnginePlanner(const PlanFacts& facts);
+  Result<EnginePlan> Plan();
+
+ private:
+  void PlanPieces();
+  void PlanDeviceNeed();
+  void PlanHostNeed();  // also decides where NVMe-optimizer gradients wait
+  // strata.optimizer_resident set: adds the state of the chunks it asks for to the host
+  // need `h`; their count (0 when unset). PlanExtras marks which (residency_plan.h).
+  int PlanExplicitResidency(TierNeed& h);
+  // strata.param_resident as a fraction: the shards it keeps, a fixed host need.
+  void PlanExplicitParamResidency(TierNeed& h);
+  void PlanNvmeNeed();
+  // The fixed needs of every tier against their budgets, NVMe first (budget_check.h).
+  Status PlanMemory();
+  // The optional parts, as the budgets leave room: speculation spares, NVMe staging
+  // sets, pinned gradient shards, gather buffers; and what each tier will hold.
+  void PlanExtras();
+  // Marks the parameter shards kept in memory: the explicit count, or (auto) as many as
+  // `room` holds; the chunks the forward needs first. Returns the pinned bytes the auto
+  // mode adds.
+  uint64_t PlanParamResidency(uint64_t room);
+  // Stage 3: the gather buffers, prefetch window, kept and carried chunks within `room`
+  // device bytes; the device bytes they add beyond the fixed gather buffers.
+  uint64_t PlanGatherBuffers(uint64_t room);
+
+  int DeviceChunkCount() const;  // what offload_optimizer.ratio keeps on the device
+  int RunChunks() const { return layout_.RunChunks(); }
+  uint64_t RunGradBytes() const;
+  uint64_t RunParamBytes() const;
+  uint64_t RecvStagingElems() const;
+  uint64_t ResidentStateBytes() const { return Align4K(12ull * opt_elems_); }  // one chunk's, pinned
+  uint64_t ParamShardBytes() const { return Align4K(layout_.shard_elems * csize_); }
+  // Stage 3 parameter shards with an NVMe swap of their own (not read from the master).
+  bool ParamsSwapped() const {
+    return stage_ == 3 && param_tier_ == ZeroTier::kNvme && !out_.param_from_master;
+  }
+
+  const PlanFacts& facts_;
+  const Config& config_;
+  const Layout& layout_;
+  const Trace& trace_;
+  const int stage_, world_size_;
+  const ZeroTier opt_tier_, param_tier_;
+  const DType compute_;
+  const size_t csize_;
+  const int64_t opt_elems_, opt_offset_;
+  const bool overlap_;
+  EnginePlan out_;
+};
+
+// OutOfBudget (naming every tier that cannot hold its fixed part and what would help)
+// or InvalidArgument for settings that contradict each other.
+Result<EnginePlan> PlanEngine(const PlanFacts& facts);
+
+}  // namespace strata::zero

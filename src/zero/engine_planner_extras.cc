@@ -1,0 +1,105 @@
+// What the budgets leave after the fixed needs (engine_planner.cc) goes to optional parts:
+// speculation spares, NVMe staging depth, pinned gradient shards and, at stage 3, the
+// gather buffers for prefetching and for chunks kept between their uses.
+#include <algorithm>
+
+#include "zero/engine_planner.h"
+#include "zero/residency_plan.h"
+
+namespace strata::zero {
+
+void EnginePlanner::PlanExtras() {
+  const uint64_t n_chunks = layout_.num_chunks;
+  uint64_t dev = out_.device.Total(), host = out_.host.Total();
+  const uint64_t budget = out_.host_budget.bytes;
+  auto host_room = [&] { return budget > host ? budget - host : 0; };
+  out_.opt_staging_count = 0;
+  if (opt_tier_ == ZeroTier::kNvme) {
+    // Staging sets deepen the pipeline (read ahead, step, write behind); what a full
+    // pipeline leaves keeps chunks resident (residency_plan.h).
+    ResidencyInputs in;
+    in.layout = &layout_;
+    in.trace = &trace_;
+    in.pieces = out_.pieces.pieces;
+    in.set_bytes = out_.opt_set_bytes;
+    in.chunk_bytes = ResidentStateBytes() + (out_.grad_tier == ZeroTier::kNvme ? out_.grad_slot_bytes : 0);
+    in.room = host_room();
+    in.fraction = config_.strata.optimizer_resident;
+    ResidencyPlan r = PlanResidency(in);
+    out_.opt_resident = std::move(r.resident);
+    out_.opt_staging_count = r.staging_sets;
+    host += r.extra_bytes;
+  }
+  out_.grad_host_count = 0;
+  if (out_.grad_tier == ZeroTier::kNvme) {
+    // Shards beyond two let the reductions run ahead of a slower optimizer.
+    out_.grad_host_count = 2 + static_cast<int>(std::min<uint64_t>(2, host_room() / out_.grad_slot_bytes));
+    host += (out_.grad_host_count - 2) * out_.grad_slot_bytes;
+  }
+  // Resident parameter shards before speculation spares: a shard on NVMe is read by a
+  // serial fetch the forward waits for, while a spare only lets a chunk's CPU step
+  // overlap the backward (100M MLP, optimizer on the CPU, 2.5 GiB: 543-584 ms with 6
+  // spares and 1 resident shard, 377-405 ms with all 17 resident and no spare).
+  host += PlanParamResidency(host_room());
+  out_.spares = 0;
+  if (overlap_ && opt_tier_ != ZeroTier::kNvme) {
+    const uint64_t room = opt_tier_ == ZeroTier::kDevice ? out_.device_budget.bytes - dev : host_room();
+    // Device chunks of a CPU optimizer step in place (StepsInPlace): no spare for them.
+    const uint64_t speculating = n_chunks - DeviceChunkCount();
+    out_.spares =
+        static_cast<int>(std::min<uint64_t>(speculating, room / std::max<uint64_t>(out_.opt_set_bytes, 1)));
+    if (opt_tier_ == ZeroTier::kDevice)
+      dev += out_.spares * 12ull * opt_elems_;
+    else
+      host += out_.spares * out_.opt_set_bytes;
+  }
+  out_.gather = {};
+  if (stage_ == 3) dev += PlanGatherBuffers(out_.device_budget.bytes - dev);
+  out_.device_need = dev;
+  out_.host_need = host;
+  // The disk was checked for every chunk (before residency was chosen); the stores hold
+  // slots only for the chunks on disk (OpenNvmeStores, OpenGradStore).
+  const uint64_t resident = std::count(out_.opt_resident.begin(), out_.opt_resident.end(), 1);
+  const uint64_t per_resident = opt_tier_ == ZeroTier::kNvme
+                                    ? 2ull * out_.pieces.pieces * out_.opt_set_bytes +
+                                          (out_.grad_tier == ZeroTier::kNvme ? out_.grad_slot_bytes : 0)
+                                    : 0;
+  const uint64_t params_off_disk = out_.param_resident_chunks * ParamShardBytes();
+  out_.nvme_need = out_.nvme.Total() - resident * per_resident - params_off_disk;
+}
+
+uint64_t EnginePlanner::PlanParamResidency(uint64_t room) {
+  out_.param_resident.clear();
+  out_.param_resident_chunks = 0;
+  if (!ParamsSwapped()) return 0;
+  const uint64_t n = layout_.num_chunks, shard = ParamShardBytes();
+  const bool explicit_count = config_.strata.param_resident >= 0;
+  const int count = explicit_count ? ResidentCount(static_cast<int>(n), config_.strata.param_resident)
+                                   : static_cast<int>(std::min(n, room / shard));
+  if (count == 0) return 0;
+  out_.param_resident.assign(n, 0);
+  const std::vector<int> by_first_use = ParamResidencyOrder(layout_, trace_);
+  for (int i = 0; i < count; ++i) out_.param_resident[by_first_use[i]] = 1;
+  out_.param_resident_chunks = count;
+  return explicit_count ? 0 : count * shard;  // an explicit count is in the fixed needs
+}
+
+uint64_t EnginePlanner::PlanGatherBuffers(uint64_t room) {
+  GatherInputs in;
+  in.layout = &layout_;
+  in.trace = &trace_;
+  in.zero = &config_.zero;
+  in.micro_batches = config_.gradient_accumulation_steps;
+  in.chunk_bytes = layout_.chunk_elems * csize_;
+  in.max_module_chunks = static_cast<int>(out_.max_module_chunks);
+  in.fixed_buffers = out_.fixed_gather;
+  in.room = room;
+  if (param_tier_ == ZeroTier::kNvme && out_.param_resident_chunks < layout_.num_chunks) {
+    in.staging_limit = kParamStaging;
+  }
+  const GatherPlanResult r = PlanGather(in);
+  out_.gather = r.plan;
+  return r.extra_bytes;
+}
+
+}  // namespace strata::zero
