@@ -65,8 +65,11 @@ inline void Step8(const AdamConsts& c, float* p, float* m, float* v, const void*
 }
 
 template <DType G, int O, bool L2, bool W>
-void AdamLoop(const AdamConsts& c, float* p, float* m, float* v, const void* g, void* out, size_t b,
+void AdamLoop(const AdamConsts& consts, float* p, float* m, float* v, const void* g, void* out, size_t b,
               size_t e) {
+  // A local copy: the stores through p, m, v could alias the caller's AdamConsts, which
+  // would make the compiler reload (and re-broadcast) every constant after each store.
+  const AdamConsts c = consts;
   size_t i = b;
   for (; i + 8 <= e; i += 8) Step8<G, O, L2, W>(c, p, m, v, g, out, i);
   const size_t r = e - i;
