@@ -28,6 +28,7 @@
 #include "strata/timeline.h"
 #include "zero/budget_check.h"
 #include "zero/buffer_pool.h"
+#include "zero/clock.h"
 #include "zero/device_ops.h"
 #include "zero/engine_planner.h"
 #include "zero/grad_reducer.h"
@@ -46,13 +47,6 @@ namespace strata {
 namespace ckpt {
 struct PendingSave;  // engine_checkpoint.h
 }  // namespace ckpt
-
-// Monotonic nanoseconds, for the lanes' busy-time counters.
-inline int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 struct Engine::Impl {
   // --- fixed at creation ---

@@ -4,17 +4,9 @@
 #include <chrono>
 #include <string>
 
+#include "zero/clock.h"
+
 namespace strata::zero {
-namespace {
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
-
 GradReducer::GradReducer(Options options, Sink sink)
     : o_(options),
       sink_(std::move(sink)),

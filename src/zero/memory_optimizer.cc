@@ -8,28 +8,10 @@ MemoryOptimizer::MemoryOptimizer(ZeroTier tier, DeviceOps* ops, int64_t opt_elem
                                  SaveGate* gate)
     : tier_(tier), ops_(ops), opt_elems_(opt_elems), gate_(gate), state_(num_chunks), pending_(num_chunks) {}
 
-float* MemoryOptimizer::TakeSpare() {
-  std::lock_guard lock(spare_mu_);
-  if (spares_.empty()) return nullptr;
-  float* spare = spares_.back();
-  spares_.pop_back();
-  return spare;
-}
-
-bool MemoryOptimizer::HasSpare() {
-  std::lock_guard lock(spare_mu_);
-  return !spares_.empty();
-}
-
-void MemoryOptimizer::GiveSpare(float* spare) {
-  std::lock_guard lock(spare_mu_);
-  spares_.push_back(spare);
-}
-
 Result<bool> MemoryOptimizer::Step(const OptimizerStep& s, const float* grad, void* out) {
   float* st = state_[s.chunk];
   if (s.speculative) {
-    st = TakeSpare();
+    st = static_cast<float*>(spares_.TryTake());
     if (st == nullptr) return false;  // no room to keep the old state
   }
   // A checkpoint save in flight may not have read this buffer yet (save_gate.h).
@@ -45,7 +27,7 @@ Result<bool> MemoryOptimizer::Step(const OptimizerStep& s, const float* grad, vo
     if (done.ok()) {
       pending_[s.chunk] = st;
     } else {
-      GiveSpare(st);
+      spares_.Give(st);
     }
   }
   if (!done.ok()) return done;
@@ -54,14 +36,14 @@ Result<bool> MemoryOptimizer::Step(const OptimizerStep& s, const float* grad, vo
 
 void MemoryOptimizer::Commit(int chunk, int64_t /*epoch*/) {
   if (pending_[chunk] == nullptr) return;  // stepped in place
-  GiveSpare(state_[chunk]);
+  spares_.Give(state_[chunk]);
   state_[chunk] = pending_[chunk];
   pending_[chunk] = nullptr;
 }
 
 void MemoryOptimizer::Discard(int chunk) {
   if (pending_[chunk] == nullptr) return;
-  GiveSpare(pending_[chunk]);
+  spares_.Give(pending_[chunk]);
   pending_[chunk] = nullptr;
 }
 

@@ -8,12 +8,12 @@
 // the host's is the CPU Adam on oneTBB threads. The buffers are the engine's: it allocates them and hands
 // them over before the first step (SetState, AddSpare); this class only swaps them.
 //
-// Threads: as OptimizerBackend; the spares are shared by every chunk, under a mutex.
+// Threads: as OptimizerBackend; the spares are shared by every chunk (a BufferPool).
 #pragma once
 
-#include <mutex>
 #include <vector>
 
+#include "zero/buffer_pool.h"
 #include "zero/device_ops.h"
 #include "zero/optimizer_backend.h"
 #include "zero/save_gate.h"
@@ -28,12 +28,12 @@ class MemoryOptimizer final : public OptimizerBackend {
 
   // --- set-up, before the first step ---
   void SetState(int chunk, float* state) { state_[chunk] = state; }
-  void AddSpare(float* spare) { spares_.push_back(spare); }
+  void AddSpare(float* spare) { spares_.Add(spare); }
 
   // The chunk's committed state (nullptr for a chunk of another backend).
   float* state(int chunk) const { return state_[chunk]; }
   // Whether a speculative step would find a spare now (the stepping thread's view).
-  bool HasSpare();
+  bool HasSpare() { return spares_.FreeCount() > 0; }
 
   ZeroTier tier() const override { return tier_; }
   Result<bool> Step(const OptimizerStep& s, const float* grad, void* out) override;
@@ -42,17 +42,13 @@ class MemoryOptimizer final : public OptimizerBackend {
   Status ReadMaster(int chunk, float* master) override;
 
  private:
-  float* TakeSpare();  // nullptr when none is free
-  void GiveSpare(float* spare);
-
   const ZeroTier tier_;
   DeviceOps* const ops_;
   const int64_t opt_elems_;
   SaveGate* const gate_;
   std::vector<float*> state_;    // by chunk
   std::vector<float*> pending_;  // by chunk: a speculative result, in a spare
-  std::mutex spare_mu_;
-  std::vector<float*> spares_;  // free
+  BufferPool spares_;            // free spare buffers, one chunk's state each
 };
 
 }  // namespace strata::zero

@@ -6,19 +6,10 @@
 #include <string>
 
 #include "strata/log.h"
+#include "zero/clock.h"
 #include "zero/device_ops.h"
 
 namespace strata::zero {
-namespace {
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
-
 NvmeOptimizer::NvmeOptimizer(PieceShape shape, int num_chunks, bool master_prefix, SaveGate* gate,
                              Hooks hooks)
     : shape_(std::move(shape)),

@@ -59,42 +59,33 @@ struct Case {
   }
 };
 
-TEST(EnginePlanner, ADeviceBudgetExactlyAtTheFixedNeedFitsAndOneByteLessDoesNot) {
-  Case c(2, OffloadDevice::kNone);
+// A budget exactly at the tier's fixed need fits, with nothing left for spares; one byte
+// less is refused, naming the tier.
+void CheckBoundary(Case c, bool host) {
   auto roomy = c.Plan();
   ASSERT_TRUE(roomy.ok()) << roomy.status().ToString();
-  const uint64_t fixed = roomy->device.Total();
+  const uint64_t fixed = (host ? roomy->host : roomy->device).Total();
   ASSERT_GT(fixed, 0u);
-  EXPECT_GE(roomy->device_need, fixed);  // the optional parts come on top
-  c.device = fixed;
+  EXPECT_GT(roomy->spares, 0);  // the room beyond the fixed need goes to speculation
+  (host ? c.host : c.device) = fixed;
   auto exact = c.Plan();
   ASSERT_TRUE(exact.ok()) << exact.status().ToString();
-  EXPECT_EQ(exact->device_need, fixed);  // no room left for spares
+  EXPECT_EQ(host ? exact->host_need : exact->device_need, fixed);
   EXPECT_EQ(exact->spares, 0);
-  c.device = fixed - 1;
+  (host ? c.host : c.device) = fixed - 1;
   auto short_one = c.Plan();
   ASSERT_FALSE(short_one.ok());
   EXPECT_EQ(short_one.status().code(), StatusCode::kOutOfBudget);
-  EXPECT_NE(short_one.status().message().find("device"), std::string::npos) << short_one.status().ToString();
+  EXPECT_NE(short_one.status().message().find(host ? "host" : "device"), std::string::npos)
+      << short_one.status().ToString();
+}
+
+TEST(EnginePlanner, ADeviceBudgetExactlyAtTheFixedNeedFitsAndOneByteLessDoesNot) {
+  CheckBoundary(Case(2, OffloadDevice::kNone), /*host=*/false);
 }
 
 TEST(EnginePlanner, AHostBudgetExactlyAtTheFixedNeedFitsAndOneByteLessDoesNot) {
-  Case c(2, OffloadDevice::kCpu);
-  auto roomy = c.Plan();
-  ASSERT_TRUE(roomy.ok()) << roomy.status().ToString();
-  const uint64_t fixed = roomy->host.Total();
-  ASSERT_GT(fixed, 0u);
-  EXPECT_GT(roomy->spares, 0);  // the room beyond the fixed need goes to speculation
-  c.host = fixed;
-  auto exact = c.Plan();
-  ASSERT_TRUE(exact.ok()) << exact.status().ToString();
-  EXPECT_EQ(exact->host_need, fixed);
-  EXPECT_EQ(exact->spares, 0);
-  c.host = fixed - 1;
-  auto short_one = c.Plan();
-  ASSERT_FALSE(short_one.ok());
-  EXPECT_EQ(short_one.status().code(), StatusCode::kOutOfBudget);
-  EXPECT_NE(short_one.status().message().find("host"), std::string::npos) << short_one.status().ToString();
+  CheckBoundary(Case(2, OffloadDevice::kCpu), /*host=*/true);
 }
 
 TEST(EnginePlanner, EveryTierShortIsNamedInOneError) {
