@@ -133,107 +133,15 @@ nlohmann::json RunJson(const StepBenchRun& r) {
           {"disk", DiskJson(r)}};
 }
 
-}  // namespace
-
-Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions& o, std::string* text) {
-  if (!o.model.run_steps) {
-    return InvalidArgumentError("bench step: " + o.model.description + " has no forward code to run");
-  }
-  // Each run keeps one mode: with strata.overlap "auto" the overlapped run and the serial
-  // one below are what the engine's trial compares.
-  Config c = o.config;
-  const bool overlap_auto = c.strata.overlap_auto;
-  c.strata.overlap_auto = false;
-  Timeline timeline(!c.strata.trace_file.empty());
-  STRATA_ASSIGN_OR_RETURN(StepBenchRun main, RunOnce(world, c, o, &timeline));
-  if (!c.strata.trace_file.empty() && world.rank() == 0) {
-    STRATA_RETURN_IF_ERROR(timeline.WriteChromeTrace(c.strata.trace_file));
-  }
-  nlohmann::json j;
-  j["config"] = ConfigToJson(c);
-  j["world_size"] = world.size();
-  j["model"] = {{"params", main.layout.num_params},
-                {"chunks", main.layout.num_chunks},
-                {"chunk_elems", main.layout.chunk_elems},
-                {"micro_batch", o.micro_batch},
-                {"kept_chunks", main.layout.kept_chunks},
-                {"optimizer_resident_chunks", main.layout.optimizer_resident_chunks},
-                {"optimizer_device_chunks", main.layout.optimizer_device_chunks},
-                {"param_resident_chunks", main.layout.param_resident_chunks},
-                {"params_in_optimizer_state", main.layout.params_in_optimizer_state},
-                {"carried_chunks", main.layout.carried_chunks},
-                {"description", o.model.description}};
-  j["model"].update(o.model_keys);
-  j["budget_need"] = {
-      {"device", main.layout.device_need}, {"host", main.layout.host_need}, {"nvme", main.layout.nvme_need}};
-  j["run"] = RunJson(main);
-  // What `strata plan` predicts this layout moves, beside the engine's counters: a model
-  // whose traffic the prediction misses shows here before it misleads a plan.
-  const LaneWork planned = PredictTraffic(c, world.size(), main.layout);
-  j["predicted_bytes"] = {{"nvme_read", planned.nvme_read_bytes},
-                          {"nvme_write", planned.nvme_write_bytes},
-                          {"copies", planned.copy_bytes},
-                          {"collectives", planned.comm_bytes}};
-
-  const bool nvme = c.zero.offload_optimizer.device == OffloadDevice::kNvme ||
-                    c.zero.offload_param.device == OffloadDevice::kNvme;
-  const std::string nvme_dir = SwapDir(c);  // the probe runs on the engine's disk
-  // The disk has slow spells: a probe taken in one would loosen the bound until the step
-  // beat it (seen: efficiency 1.02). So it is probed after the main run and again after
-  // the overlap-off run, and each rate is the best either probe reached.
-  const int64_t opt_params =
-      main.layout.num_chunks * (c.zero.stage == 0 ? main.layout.chunk_elems : main.layout.shard_elems);
-  // The disk's rate over as many bytes as a step moves each way (within 256 MiB-2 GiB).
-  const uint64_t step_io = std::max(main.last.bytes_nvme_read, main.last.bytes_nvme_written);
-  const uint64_t probe = std::clamp<uint64_t>(step_io, 256ull << 20, 2ull << 30);
-  const double moved = static_cast<double>(main.last.bytes_nvme_read + main.last.bytes_nvme_written);
-  const double read_fraction = moved > 0 ? main.last.bytes_nvme_read / moved : 0.5;
-  LaneRates rates;
-  int probes = 0;
-  auto measure = [&]() -> Status {
-    if (!o.measure_rates) return OkStatus();
-    STRATA_ASSIGN_OR_RETURN(LaneRates r, MeasureLaneRates(nvme_dir, opt_params, probe, read_fraction));
-    rates = probes++ == 0 ? r : BestOf(rates, r);
-    return OkStatus();
-  };
-  STRATA_RETURN_IF_ERROR(measure());
-  std::optional<StepBenchRun> off;
-  if (o.compare_serial && c.strata.overlap) {
-    Config serial = c;
-    serial.strata.overlap = false;
-    serial.strata.trace_file.clear();
-    STRATA_ASSIGN_OR_RETURN(off, RunOnce(world, serial, o, nullptr));
-    j["serial_run"] = RunJson(*off);
-    STRATA_RETURN_IF_ERROR(measure());
-  }
-  StepModel model;
-  if (o.measure_rates) {
-    LaneWork w;
-    w.compute_s = main.timing.compute_s();
-    w.adam_params = static_cast<double>(opt_params);
-    w.copy_bytes = static_cast<double>(main.last.bytes_h2d + main.last.bytes_d2h);
-    w.comm_bytes = static_cast<double>(main.last.bytes_comm);
-    w.nvme_read_bytes = static_cast<double>(main.last.bytes_nvme_read);
-    w.nvme_write_bytes = static_cast<double>(main.last.bytes_nvme_written);
-    model = ModelStep(rates, w, /*shared_cpu=*/c.strata.device != DeviceKind::kCuda);
-    j["rates"] = RatesToJson(rates);
-    j["rates"].update(
-        {{"nvme_mixed_read_fraction", read_fraction}, {"nvme_probe_bytes", probe}, {"probes", probes}});
-    j["model_time"] = ToJson(model);
-    j["overlap_efficiency"] = model.bound_s / main.step_s;
-    if (model.bound_mixed_s > 0) j["overlap_efficiency_mixed"] = model.bound_mixed_s / main.step_s;
-    // A bound the step beat is no bound: the disk was slower in both probes than in the
-    // step (seen once in ~30 runs on the shared disk, at efficiency 1.04). The mixed bound
-    // is usually the larger, so it is checked on its own.
-    j["probe_slower_than_step"] = model.bound_s > main.step_s;
-    j["mixed_bound_beaten"] = model.bound_mixed_s > main.step_s;
-  }
+// The report's lines on the run itself: where everything was, times, bytes, memory.
+std::string RunText(const Config& c, const StepBenchOptions& o, int world_size, const StepBenchRun& main,
+                    const LaneWork& planned) {
   std::string out;
   out += "step: " + std::to_string(main.layout.num_params) + " params, stage " +
          std::to_string(c.zero.stage) + ", optimizer on " +
          std::string(OffloadDeviceName(c.zero.offload_optimizer.device)) + ", params on " +
          std::string(OffloadDeviceName(c.zero.offload_param.device)) + ", overlap " +
-         (c.strata.overlap ? "on" : "off") + ", world " + std::to_string(world.size()) + "\n";
+         (c.strata.overlap ? "on" : "off") + ", world " + std::to_string(world_size) + "\n";
   out += "  model                " + o.model.description + ", micro-batch " + std::to_string(o.micro_batch) +
          "\n";
   out += "  step time            " + FormatSeconds(main.step_s) + "\n";
@@ -289,54 +197,178 @@ Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions&
            std::to_string(main.layout.num_chunks) +
            " chunks' shards in pinned host memory, the rest on NVMe\n";
   }
-  if (o.measure_rates) {
-    out += "  model: bound " + FormatSeconds(model.bound_s) + " (cpu lanes " + FormatSeconds(model.cpu_s) +
-           ", nvme " + FormatSeconds(model.nvme_s) + "), serial " + FormatSeconds(model.serial_s) +
-           ", overlap efficiency (bound / measured) " + FormatDouble("%.2f", model.bound_s / main.step_s) +
-           "\n";
-    if (model.bound_s > main.step_s) {
-      out += model.nvme_s >= model.cpu_s
-                 ? "  the step beat the bound: the disk ran slower in the probes than in the step (a slow "
-                   "spell); these efficiencies are not valid, run again\n"
-                 : "  the step beat the bound: the CPU lanes (measured compute, probed Adam, copies and "
-                   "collectives) add up to more than the step; these efficiencies are not valid\n";
-    }
-    if (model.bound_mixed_s > 0) {
-      out += "  with the disk's reads and writes timed together at its mixed rate (" +
-             FormatDouble("%.2f", rates.nvme_mixed_bytes_per_s / 1e9) + " GB/s): bound " +
-             FormatSeconds(model.bound_mixed_s) + ", efficiency " +
-             FormatDouble("%.2f", model.bound_mixed_s / main.step_s) +
-             (model.bound_mixed_s > main.step_s ? " (not valid: the step beat this bound)" : "") + "\n";
-    }
+  return out;
+}
+
+// The report's lines on the step-time model: its bound and the efficiency against it.
+std::string ModelText(const StepModel& model, const LaneRates& rates, double step_s) {
+  std::string out;
+  out += "  model: bound " + FormatSeconds(model.bound_s) + " (cpu lanes " + FormatSeconds(model.cpu_s) +
+         ", nvme " + FormatSeconds(model.nvme_s) + "), serial " + FormatSeconds(model.serial_s) +
+         ", overlap efficiency (bound / measured) " + FormatDouble("%.2f", model.bound_s / step_s) + "\n";
+  if (model.bound_s > step_s) {
+    out += model.nvme_s >= model.cpu_s
+               ? "  the step beat the bound: the disk ran slower in the probes than in the step (a slow "
+                 "spell); these efficiencies are not valid, run again\n"
+               : "  the step beat the bound: the CPU lanes (measured compute, probed Adam, copies and "
+                 "collectives) add up to more than the step; these efficiencies are not valid\n";
   }
+  if (model.bound_mixed_s > 0) {
+    out += "  with the disk's reads and writes timed together at its mixed rate (" +
+           FormatDouble("%.2f", rates.nvme_mixed_bytes_per_s / 1e9) + " GB/s): bound " +
+           FormatSeconds(model.bound_mixed_s) + ", efficiency " +
+           FormatDouble("%.2f", model.bound_mixed_s / step_s) +
+           (model.bound_mixed_s > step_s ? " (not valid: the step beat this bound)" : "") + "\n";
+  }
+  return out;
+}
+
+// The report's first keys: the config, the model as laid out, the budgets, the run.
+nlohmann::json HeaderJson(const Config& c, const StepBenchOptions& o, int world_size,
+                          const StepBenchRun& main) {
+  nlohmann::json j;
+  j["config"] = ConfigToJson(c);
+  j["world_size"] = world_size;
+  j["model"] = {{"params", main.layout.num_params},
+                {"chunks", main.layout.num_chunks},
+                {"chunk_elems", main.layout.chunk_elems},
+                {"micro_batch", o.micro_batch},
+                {"kept_chunks", main.layout.kept_chunks},
+                {"optimizer_resident_chunks", main.layout.optimizer_resident_chunks},
+                {"optimizer_device_chunks", main.layout.optimizer_device_chunks},
+                {"param_resident_chunks", main.layout.param_resident_chunks},
+                {"params_in_optimizer_state", main.layout.params_in_optimizer_state},
+                {"carried_chunks", main.layout.carried_chunks},
+                {"description", o.model.description}};
+  j["model"].update(o.model_keys);
+  j["budget_need"] = {
+      {"device", main.layout.device_need}, {"host", main.layout.host_need}, {"nvme", main.layout.nvme_need}};
+  j["run"] = RunJson(main);
+  return j;
+}
+
+// The step-time model's bound for the work the run did at the probed rates, and the
+// efficiency of the step against it, into the report.
+StepModel BoundOfStep(const Config& c, const StepBenchRun& main, int64_t opt_params, const LaneRates& rates,
+                      nlohmann::json* j) {
+  LaneWork w;
+  w.compute_s = main.timing.compute_s();
+  w.adam_params = static_cast<double>(opt_params);
+  w.copy_bytes = static_cast<double>(main.last.bytes_h2d + main.last.bytes_d2h);
+  w.comm_bytes = static_cast<double>(main.last.bytes_comm);
+  w.nvme_read_bytes = static_cast<double>(main.last.bytes_nvme_read);
+  w.nvme_write_bytes = static_cast<double>(main.last.bytes_nvme_written);
+  const StepModel model = ModelStep(rates, w, /*shared_cpu=*/c.strata.device != DeviceKind::kCuda);
+  (*j)["rates"] = RatesToJson(rates);
+  (*j)["model_time"] = ToJson(model);
+  (*j)["overlap_efficiency"] = model.bound_s / main.step_s;
+  if (model.bound_mixed_s > 0) (*j)["overlap_efficiency_mixed"] = model.bound_mixed_s / main.step_s;
+  // A bound the step beat is no bound: the disk was slower in both probes than in the
+  // step (seen once in ~30 runs on the shared disk, at efficiency 1.04). The mixed bound
+  // is usually the larger, so it is checked on its own.
+  (*j)["probe_slower_than_step"] = model.bound_s > main.step_s;
+  (*j)["mixed_bound_beaten"] = model.bound_mixed_s > main.step_s;
+  return model;
+}
+
+// The report's line on the run with overlap off, and the speedup overlap gave against
+// the model's prediction (model: nullptr when rates were not measured).
+std::string SerialText(const StepBenchRun& main, const StepBenchRun& off, const StepModel* model,
+                       bool overlap_auto, nlohmann::json* j) {
+  std::string out;
+  const double speedup = off.step_s / main.step_s;
+  (*j)["speedup"] = speedup;
+  out +=
+      "  overlap off: step " + FormatSeconds(off.step_s) + "; speedup " + FormatDouble("%.2f", speedup) + "x";
+  if (model != nullptr && model->bound_s > 0) {
+    const double predicted = model->serial_s / model->bound_s;
+    (*j)["predicted_speedup"] = predicted;
+    (*j)["speedup_fraction_of_predicted"] = speedup / predicted;
+    out += " (model predicts " + FormatDouble("%.2f", predicted) +
+           "x: " + FormatDouble("%.0f%%", 100 * speedup / predicted) + " of it)";
+  }
+  if (!off.disk_name.empty()) out += "; disk busy " + FormatDouble("%.0f%%", 100 * off.disk.busy_fraction);
+  out += "\n";
+  if (overlap_auto) {
+    // What strata.overlap "auto" would keep on these timings (the engine times its own).
+    (*j)["overlap_auto_keeps"] = main.step_s <= off.step_s;
+    out += std::string("  strata.overlap auto  keeps overlap ") + (main.step_s <= off.step_s ? "on" : "off") +
+           " on these timings\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<nlohmann::json> RunStepBench(Communicator& world, const StepBenchOptions& o, std::string* text) {
+  if (!o.model.run_steps) {
+    return InvalidArgumentError("bench step: " + o.model.description + " has no forward code to run");
+  }
+  // Each run keeps one mode: with strata.overlap "auto" the overlapped run and the serial
+  // one below are what the engine's trial compares.
+  Config c = o.config;
+  const bool overlap_auto = c.strata.overlap_auto;
+  c.strata.overlap_auto = false;
+  Timeline timeline(!c.strata.trace_file.empty());
+  STRATA_ASSIGN_OR_RETURN(StepBenchRun main, RunOnce(world, c, o, &timeline));
+  if (!c.strata.trace_file.empty() && world.rank() == 0) {
+    STRATA_RETURN_IF_ERROR(timeline.WriteChromeTrace(c.strata.trace_file));
+  }
+  nlohmann::json j = HeaderJson(c, o, world.size(), main);
+  // What `strata plan` predicts this layout moves, beside the engine's counters: a model
+  // whose traffic the prediction misses shows here before it misleads a plan.
+  const LaneWork planned = PredictTraffic(c, world.size(), main.layout);
+  j["predicted_bytes"] = {{"nvme_read", planned.nvme_read_bytes},
+                          {"nvme_write", planned.nvme_write_bytes},
+                          {"copies", planned.copy_bytes},
+                          {"collectives", planned.comm_bytes}};
+
+  const bool nvme = c.zero.offload_optimizer.device == OffloadDevice::kNvme ||
+                    c.zero.offload_param.device == OffloadDevice::kNvme;
+  const std::string nvme_dir = SwapDir(c);  // the probe runs on the engine's disk
+  // The disk has slow spells: a probe taken in one would loosen the bound until the step
+  // beat it (seen: efficiency 1.02). So it is probed after the main run and again after
+  // the overlap-off run, and each rate is the best either probe reached.
+  const int64_t opt_params =
+      main.layout.num_chunks * (c.zero.stage == 0 ? main.layout.chunk_elems : main.layout.shard_elems);
+  // The disk's rate over as many bytes as a step moves each way (within 256 MiB-2 GiB).
+  const uint64_t step_io = std::max(main.last.bytes_nvme_read, main.last.bytes_nvme_written);
+  const uint64_t probe = std::clamp<uint64_t>(step_io, 256ull << 20, 2ull << 30);
+  const double moved = static_cast<double>(main.last.bytes_nvme_read + main.last.bytes_nvme_written);
+  const double read_fraction = moved > 0 ? main.last.bytes_nvme_read / moved : 0.5;
+  LaneRates rates;
+  int probes = 0;
+  auto measure = [&]() -> Status {
+    if (!o.measure_rates) return OkStatus();
+    STRATA_ASSIGN_OR_RETURN(LaneRates r, MeasureLaneRates(nvme_dir, opt_params, probe, read_fraction));
+    rates = probes++ == 0 ? r : BestOf(rates, r);
+    return OkStatus();
+  };
+  STRATA_RETURN_IF_ERROR(measure());
+  std::optional<StepBenchRun> off;
+  if (o.compare_serial && c.strata.overlap) {
+    Config serial = c;
+    serial.strata.overlap = false;
+    serial.strata.trace_file.clear();
+    STRATA_ASSIGN_OR_RETURN(off, RunOnce(world, serial, o, nullptr));
+    j["serial_run"] = RunJson(*off);
+    STRATA_RETURN_IF_ERROR(measure());
+  }
+  StepModel model;
+  if (o.measure_rates) {
+    model = BoundOfStep(c, main, opt_params, rates, &j);
+    j["rates"].update(
+        {{"nvme_mixed_read_fraction", read_fraction}, {"nvme_probe_bytes", probe}, {"probes", probes}});
+  }
+  std::string out = RunText(c, o, world.size(), main, planned);
+  if (o.measure_rates) out += ModelText(model, rates, main.step_s);
   if (!main.disk_name.empty()) {
     out += FormatDiskLine(main.disk_name, main.disk, main.steps,
                           o.measure_rates ? rates.nvme_mixed_bytes_per_s : 0);
   } else if (nvme) {
     out += "  disk                 no counters: " + main.disk_unavailable + "\n";
   }
-  if (off) {
-    const double speedup = off->step_s / main.step_s;
-    j["speedup"] = speedup;
-    out += "  overlap off: step " + FormatSeconds(off->step_s) + "; speedup " +
-           FormatDouble("%.2f", speedup) + "x";
-    if (o.measure_rates && model.bound_s > 0) {
-      const double predicted = model.serial_s / model.bound_s;
-      j["predicted_speedup"] = predicted;
-      j["speedup_fraction_of_predicted"] = speedup / predicted;
-      out += " (model predicts " + FormatDouble("%.2f", predicted) +
-             "x: " + FormatDouble("%.0f%%", 100 * speedup / predicted) + " of it)";
-    }
-    if (!off->disk_name.empty())
-      out += "; disk busy " + FormatDouble("%.0f%%", 100 * off->disk.busy_fraction);
-    out += "\n";
-    if (overlap_auto) {
-      // What strata.overlap "auto" would keep on these timings (the engine times its own).
-      j["overlap_auto_keeps"] = main.step_s <= off->step_s;
-      out += std::string("  strata.overlap auto  keeps overlap ") +
-             (main.step_s <= off->step_s ? "on" : "off") + " on these timings\n";
-    }
-  }
+  if (off) out += SerialText(main, *off, o.measure_rates ? &model : nullptr, overlap_auto, &j);
   if (text) *text = out;
   return j;
 }
