@@ -47,10 +47,26 @@ class _ModuleHooks:
         for index, module in enumerate(modules):
             self._hooks.append(module.register_forward_pre_hook(self._make_fetch(index)))
             self._hooks.append(module.register_forward_hook(self._make_release(index)))
+        self._grad_accs = []
         for tensor, p in enumerate(params):
             self._hooks.append(p.register_hook(self._make_grad(tensor)))
+            self._drop_grad_after_accumulation(p)
             if self._stage3:  # the engine holds the shards; a module's forward gathers them
                 p.data = torch.empty(0, dtype=p.dtype)
+
+    def _drop_grad_after_accumulation(self, p: torch.nn.Parameter) -> None:
+        """torch adds each gradient into ``.grad`` after the hook has handed it to the
+        engine, which holds it from then on: dropping it at once keeps one parameter's
+        ``.grad`` alive at a time, not the whole model's until ``backward`` ends."""
+        def drop(*_) -> None:
+            p.grad = None
+        if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+            self._hooks.append(p.register_post_accumulate_grad_hook(drop))
+            return
+        with torch.enable_grad():  # the parameter's AccumulateGrad node, after which hooks run
+            accumulate = p.view_as(p).grad_fn.next_functions[0][0]
+        self._grad_accs.append(accumulate)  # the node lives only while someone holds it
+        self._hooks.append(accumulate.register_hook(drop))
 
     def _point(self, index: int, views) -> None:
         """Makes the module's parameters views of the engine's compute copies (at stages

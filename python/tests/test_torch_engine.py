@@ -124,6 +124,28 @@ def test_accumulation_and_clipping_match_torch() -> None:
         engine.close()
 
 
+@pytest.mark.parametrize("stage", [1, 3])
+def test_torch_holds_no_more_than_one_parameter_gradient_in_backward(stage: int) -> None:
+    """The engine takes each gradient as autograd produces it; torch's ``.grad`` copy of
+    a parameter goes right after torch adds it, so the model's gradients are not held
+    twice through the backward (with the tied weight: its two uses are one gradient)."""
+    model, _ = make_models(seed=5)
+    x, y = batches(steps=1, micro=1, global_batch=4, seed=6)[0][0]
+    engine = st.initialize(model, config(stage, "cpu"))
+    held = []  # at each parameter's gradient, how many parameters hold a .grad in torch
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.register_hook(lambda g: held.append(sum(q.grad is not None for q in params)))
+    try:
+        engine.backward(loss_of(engine(x), y))
+        assert len(held) == len(params)
+        assert max(held) == 0, held
+        engine.step()
+        assert all(p.grad is None for p in params)
+    finally:
+        engine.close()
+
+
 def test_stage_3_with_recompute_and_accumulation_matches_torch(io_dir) -> None:
     model, ref = make_models(seed=7, checkpointed=True)
     data = batches(steps=3, micro=2, global_batch=8, seed=8)
