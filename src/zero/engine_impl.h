@@ -1,5 +1,9 @@
-// The engine's internal state, shared by engine.cc (creation, memory), engine_hooks.cc
-// (gather, gradient reduction) and engine_step.cc (the optimizer).
+// The engine's own state and the parts it holds (the gatherer, the reducer, the optimizer
+// backends, the plan it follows), shared by its files: engine.cc (creation, initial
+// values), engine_memory.cc (the plan taken, allocation), engine_hooks.cc (the model's
+// calls), engine_gather.cc, engine_reduce.cc and engine_grads.cc (their engine sides),
+// engine_step.cc and engine_update.cc (Step()), engine_nvme_step.cc (the 16-bit shards
+// behind the NVMe optimizer) and engine_checkpoint*.cc.
 #pragma once
 
 #include <oneapi/tbb/task_arena.h>
@@ -332,7 +336,7 @@ struct Engine::Impl {
   std::atomic<uint64_t> bytes_nvme_read{0}, bytes_nvme_written{0}, bytes_h2d{0}, bytes_d2h{0}, bytes_comm{0};
   std::atomic<int64_t> opt_busy_ns{0}, comm_busy_ns{0}, io_busy_ns{0};
 
-  // --- engine.cc ---
+  // --- engine.cc, engine_memory.cc ---
   // Checks the config against the model and lays it out; creates and allocates nothing
   // (Init makes the streams, the device ops and the memory).
   static Result<std::unique_ptr<Impl>> Make(const Config& config, ModelDecl model,
