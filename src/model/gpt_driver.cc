@@ -236,7 +236,7 @@ Status Gpt::ForwardBlock(int64_t layer, bool recomputing, ModuleHooks& hooks) {
   LayerNormForward(a.res2.data(), Wide(p, 0, c, 0), Wide(p, 1, c, 1), n, c, a.ln2.data(), a.ln2_mean.data(),
                    a.ln2_rstd.data());
   LinearForward(a.ln2.data(), n, c, 4 * c, t[2], t[3], p.dtype, a.fc.data());
-  GeluForward(a.fc.data(), n * 4 * c, a.fc_gelu.data());
+  GeluForward(a.fc.data(), n * 4 * c, a.fc_gelu.data(), GeluTanh::kVector);
   if (!recomputing) {
     float* out = block_in(layer + 1);
     LinearForward(a.fc_gelu.data(), n, 4 * c, c, t[4], t[5], p.dtype, out);
@@ -282,7 +282,7 @@ Status Gpt::BackwardMlp(int64_t layer, ModuleHooks& hooks) {
   const ModuleGrads& g = bw.grads;
   LinearBackward(a.fc_gelu.data(), dres_.data(), n, 4 * c, c, p[4], bw.params.dtype, dwide_.data(),
                  g.tensors[4], g.tensors[5], PairAccumulate(g, 4, c * 4 * c, 5, c));
-  GeluBackward(a.fc.data(), dwide_.data(), n * 4 * c, dwide_.data());
+  GeluBackward(a.fc.data(), dwide_.data(), n * 4 * c, dwide_.data(), GeluTanh::kVector);
   LinearBackward(a.ln2.data(), dwide_.data(), n, c, 4 * c, p[2], bw.params.dtype, dtmp_.data(), g.tensors[2],
                  g.tensors[3], PairAccumulate(g, 2, 4 * c * c, 3, 4 * c));
   LayerNormBackward(a.res2.data(), dtmp_.data(), Wide(bw.params, 0, c, 0), a.ln2_mean.data(),

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "model/vector_tanh.h"
 #include "strata/half.h"
 #include "strata/mlp_kernels.h"
 
@@ -150,25 +151,45 @@ constexpr float kGeluK0 = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluK1 = 0.044715f;
 }  // namespace
 
-void GeluForward(const float* x, int64_t n, float* y) {
+namespace {
+
+// GELU's tanh argument sqrt(2 / pi) (v + 0.044715 v^3).
+inline float GeluArg(float v) { return kGeluK0 * (v + kGeluK1 * v * v * v); }
+
+// Runs body(x_i, tanh(arg_i), i) over [begin, end): tanh one value at a time, or a block's
+// arguments at once through the vector tanh (in a stack buffer that stays in cache).
+template <class Body>
+void ForGeluTanh(const float* x, int64_t begin, int64_t end, GeluTanh tanh, Body body) {
+  if (tanh == GeluTanh::kScalar) {
+    for (int64_t i = begin; i < end; ++i) body(x[i], std::tanh(GeluArg(x[i])), i);
+    return;
+  }
+  constexpr int64_t kBlock = 1024;
+  float t[kBlock];
+  for (int64_t b = begin; b < end; b += kBlock) {
+    const int64_t m = std::min(kBlock, end - b);
+    for (int64_t i = 0; i < m; ++i) t[i] = GeluArg(x[b + i]);
+    TanhInPlace(t, m);
+    for (int64_t i = 0; i < m; ++i) body(x[b + i], t[i], b + i);
+  }
+}
+
+}  // namespace
+
+void GeluForward(const float* x, int64_t n, float* y, GeluTanh tanh) {
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kGrain), [&](const tbb::blocked_range<int64_t>& r) {
-    for (int64_t i = r.begin(); i < r.end(); ++i) {
-      const float v = x[i];
-      const float t = std::tanh(kGeluK0 * (v + kGeluK1 * v * v * v));
-      y[i] = 0.5f * v * (1.0f + t);
-    }
+    ForGeluTanh(x, r.begin(), r.end(), tanh,
+                [&](float v, float t, int64_t i) { y[i] = 0.5f * v * (1.0f + t); });
   });
 }
 
-void GeluBackward(const float* x, const float* dy, int64_t n, float* dx) {
+void GeluBackward(const float* x, const float* dy, int64_t n, float* dx, GeluTanh tanh) {
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kGrain), [&](const tbb::blocked_range<int64_t>& r) {
-    for (int64_t i = r.begin(); i < r.end(); ++i) {
-      const float v = x[i];
-      const float t = std::tanh(kGeluK0 * (v + kGeluK1 * v * v * v));
+    ForGeluTanh(x, r.begin(), r.end(), tanh, [&](float v, float t, int64_t i) {
       const float d =
           0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluK0 * (1.0f + 3.0f * kGeluK1 * v * v);
       dx[i] = dy[i] * d;
-    }
+    });
   });
 }
 
