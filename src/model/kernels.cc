@@ -42,6 +42,21 @@ inline float Load(const void* p, DType dtype, int64_t i) {
   return 0.0f;
 }
 
+inline float Widen(float v) { return v; }
+inline float Widen(Bf16 v) { return Bf16ToFloat(v); }
+inline float Widen(Fp16 v) { return Fp16ToFloat(v); }
+
+// One 32 x 32 block (or the edge's part of one) of TransposeToFloat, its element type
+// fixed so that the loop is a plain strided copy.
+template <typename T>
+void TransposeBlock(const T* src, int64_t rows, int64_t cols, int64_t i0, int64_t i1, int64_t j0, int64_t j1,
+                    float* dst) {
+  for (int64_t j = j0; j < j1; ++j) {
+    float* out = dst + j * rows;
+    for (int64_t i = i0; i < i1; ++i) out[i] = Widen(src[i * cols + j]);
+  }
+}
+
 // dst [cols, rows] = transpose of src [rows, cols], converted to fp32; 32 x 32 blocks.
 void TransposeToFloat(const void* src, DType dtype, int64_t rows, int64_t cols, float* dst) {
   tbb::parallel_for(tbb::blocked_range2d<int64_t>(0, rows, 32, 0, cols, 32),
@@ -50,9 +65,16 @@ void TransposeToFloat(const void* src, DType dtype, int64_t rows, int64_t cols, 
                         const int64_t i1 = std::min(i0 + 32, r.rows().end());
                         for (int64_t j0 = r.cols().begin(); j0 < r.cols().end(); j0 += 32) {
                           const int64_t j1 = std::min(j0 + 32, r.cols().end());
-                          for (int64_t i = i0; i < i1; ++i) {
-                            for (int64_t j = j0; j < j1; ++j)
-                              dst[j * rows + i] = Load(src, dtype, i * cols + j);
+                          switch (dtype) {
+                            case DType::kF32:
+                              TransposeBlock(static_cast<const float*>(src), rows, cols, i0, i1, j0, j1, dst);
+                              break;
+                            case DType::kBf16:
+                              TransposeBlock(static_cast<const Bf16*>(src), rows, cols, i0, i1, j0, j1, dst);
+                              break;
+                            case DType::kFp16:
+                              TransposeBlock(static_cast<const Fp16*>(src), rows, cols, i0, i1, j0, j1, dst);
+                              break;
                           }
                         }
                       }
