@@ -22,7 +22,7 @@ constexpr int64_t kGrain = 1 << 14;
 // Linear kernels run their parallel loops isolated (this_task_arena::isolate), so a thread
 // waiting inside them never picks up another kernel call that would reuse its scratch.
 struct Scratch {
-  std::vector<float> a, b;
+  std::vector<float> a, b, c;
 };
 Scratch& LocalScratch() {
   thread_local Scratch scratch;
@@ -125,9 +125,15 @@ void LinearForward(const float* x, int64_t batch, int64_t in, int64_t out, const
       float* yt = xt + in * batch;
       TransposeToFloat(x, DType::kF32, batch, in, xt);
       Gemm(out, batch, in, w, in, xt, batch, yt, batch, false);
+      const float* bf = WeightAsFloat(bias, dtype, out, s.c);
+      // y = yt^T + bias in blocks of outputs, so that the lines of yt a block reads stay
+      // in cache from one sample to the next.
       tbb::parallel_for(tbb::blocked_range<int64_t>(0, batch, 16), [&](const tbb::blocked_range<int64_t>& r) {
-        for (int64_t b = r.begin(); b < r.end(); ++b) {
-          for (int64_t o = 0; o < out; ++o) y[b * out + o] = yt[o * batch + b] + Load(bias, dtype, o);
+        for (int64_t o0 = 0; o0 < out; o0 += 64) {
+          const int64_t o1 = std::min(out, o0 + 64);
+          for (int64_t b = r.begin(); b < r.end(); ++b) {
+            for (int64_t o = o0; o < o1; ++o) y[b * out + o] = yt[o * batch + b] + bf[o];
+          }
         }
       });
     } else {
