@@ -84,6 +84,69 @@ Result<Communicator*> ChooseDeviceComm(const EngineResources& res) {
   return n == 1 ? nullptr : d;
 }
 
+// The offload keys against each other and the stage: InvalidArgument naming the key.
+Status CheckOffloadKeys(const Config& config) {
+  const int stage = config.zero.stage;
+  const ZeroTier opt_tier = TierOf(config.zero.offload_optimizer.device);
+  const ZeroTier param_tier = TierOf(config.zero.offload_param.device);
+  if (opt_tier == ZeroTier::kNvme && stage != 3) {
+    return InvalidArgumentError(
+        "zero_optimization.offload_optimizer.device: \"nvme\" needs zero_optimization.stage 3 "
+        "(as in DeepSpeed's ZeRO-Infinity); got stage " +
+        std::to_string(stage));
+  }
+  if (config.strata.gradients != "auto" && opt_tier != ZeroTier::kNvme) {
+    return InvalidArgumentError(
+        "strata.gradients: \"" + config.strata.gradients +
+        "\" chooses where gradients wait for an NVMe optimizer step; it needs "
+        "zero_optimization.offload_optimizer.device \"nvme\" (leave it \"auto\" otherwise)");
+  }
+  if (config.strata.plan != "off") {
+    return InvalidArgumentError(
+        "strata.plan: \"" + config.strata.plan +
+        "\" is resolved by `strata train`, which plans the stage and offloads before the engine starts; a "
+        "program that creates the engine itself plans with tools::PlanConfigurations and passes the config "
+        "it chose (with strata.plan \"off\")");
+  }
+  if (config.strata.optimizer_resident >= 0 && opt_tier != ZeroTier::kNvme) {
+    return InvalidArgumentError(
+        "strata.optimizer_resident: keeps part of an NVMe optimizer's state in pinned host memory; it "
+        "needs zero_optimization.offload_optimizer.device \"nvme\" (leave it \"auto\" otherwise)");
+  }
+  if (config.strata.param_resident >= 0 && (stage != 3 || param_tier != ZeroTier::kNvme)) {
+    return InvalidArgumentError(
+        "strata.param_resident: keeps part of the NVMe parameter shards in pinned host memory; it needs "
+        "zero_optimization.stage 3 with offload_param.device \"nvme\" (leave it \"auto\" otherwise)");
+  }
+  const double ratio = config.zero.offload_optimizer.ratio;
+  if (!(ratio >= 0 && ratio <= 1) || (ratio != 1 && opt_tier != ZeroTier::kHost)) {
+    return InvalidArgumentError("zero_optimization.offload_optimizer.ratio: " + std::to_string(ratio) +
+                                ": the share (0-1) of the optimizer state the CPU Adam steps, the rest "
+                                "staying on the device; below 1 "
+                                "it needs offload_optimizer.device \"cpu\" (for an NVMe optimizer, "
+                                "strata.optimizer_resident keeps part "
+                                "of the state in host memory)");
+  }
+  if (stage == 0 && opt_tier != ZeroTier::kDevice) {
+    return InvalidArgumentError(
+        "zero_optimization.offload_optimizer.device: offload needs stage 1, 2 or 3 (DeepSpeed's rule); "
+        "got stage 0");
+  }
+  return OkStatus();
+}
+
+// Every rank must agree on the configuration and the model before any collective
+// (collective over world).
+Status AgreeOnConfigAndModel(Communicator& world, const Config& config, const ModelDecl& model) {
+  nlohmann::json layout_doc = {{"tensors", nlohmann::json::array()}, {"modules", nlohmann::json::array()}};
+  for (const TensorDecl& t : model.tensors)
+    layout_doc["tensors"].push_back({{"name", t.name}, {"shape", t.shape}});
+  for (const ModuleDecl& m : model.modules)
+    layout_doc["modules"].push_back({{"name", m.name}, {"tensors", m.tensors}});
+  STRATA_RETURN_IF_ERROR(CheckConsistency(world, "config", ConfigToJson(config)));
+  return CheckConsistency(world, "model layout", layout_doc);
+}
+
 }  // namespace
 
 Status Engine::Impl::CopyToDevice(void* dst, const void* src, uint64_t bytes) {
@@ -166,64 +229,15 @@ Result<std::unique_ptr<Engine::Impl>> Engine::Impl::Make(const Config& config, M
   s.opt_tier = TierOf(config.zero.offload_optimizer.device);
   s.param_tier = TierOf(config.zero.offload_param.device);
   s.grad_tier = s.opt_tier == ZeroTier::kDevice ? ZeroTier::kDevice : ZeroTier::kHost;
-  if (s.opt_tier == ZeroTier::kNvme && s.stage != 3) {
-    return InvalidArgumentError(
-        "zero_optimization.offload_optimizer.device: \"nvme\" needs zero_optimization.stage 3 "
-        "(as in DeepSpeed's ZeRO-Infinity); got stage " +
-        std::to_string(s.stage));
-  }
-  if (config.strata.gradients != "auto" && s.opt_tier != ZeroTier::kNvme) {
-    return InvalidArgumentError(
-        "strata.gradients: \"" + config.strata.gradients +
-        "\" chooses where gradients wait for an NVMe optimizer step; it needs "
-        "zero_optimization.offload_optimizer.device \"nvme\" (leave it \"auto\" otherwise)");
-  }
-  if (config.strata.plan != "off") {
-    return InvalidArgumentError(
-        "strata.plan: \"" + config.strata.plan +
-        "\" is resolved by `strata train`, which plans the stage and offloads before the engine starts; a "
-        "program that creates the engine itself plans with tools::PlanConfigurations and passes the config "
-        "it chose (with strata.plan \"off\")");
-  }
-  if (config.strata.optimizer_resident >= 0 && s.opt_tier != ZeroTier::kNvme) {
-    return InvalidArgumentError(
-        "strata.optimizer_resident: keeps part of an NVMe optimizer's state in pinned host memory; it "
-        "needs zero_optimization.offload_optimizer.device \"nvme\" (leave it \"auto\" otherwise)");
-  }
-  if (config.strata.param_resident >= 0 && (s.stage != 3 || s.param_tier != ZeroTier::kNvme)) {
-    return InvalidArgumentError(
-        "strata.param_resident: keeps part of the NVMe parameter shards in pinned host memory; it needs "
-        "zero_optimization.stage 3 with offload_param.device \"nvme\" (leave it \"auto\" otherwise)");
-  }
-  const double ratio = config.zero.offload_optimizer.ratio;
-  if (!(ratio >= 0 && ratio <= 1) || (ratio != 1 && s.opt_tier != ZeroTier::kHost)) {
-    return InvalidArgumentError("zero_optimization.offload_optimizer.ratio: " + std::to_string(ratio) +
-                                ": the share (0-1) of the optimizer state the CPU Adam steps, the rest "
-                                "staying on the device; below 1 "
-                                "it needs offload_optimizer.device \"cpu\" (for an NVMe optimizer, "
-                                "strata.optimizer_resident keeps part "
-                                "of the state in host memory)");
-  }
-  if (s.stage == 0 && s.opt_tier != ZeroTier::kDevice) {
-    return InvalidArgumentError(
-        "zero_optimization.offload_optimizer.device: offload needs stage 1, 2 or 3 (DeepSpeed's rule); "
-        "got stage 0");
-  }
+  STRATA_RETURN_IF_ERROR(CheckOffloadKeys(config));
   s.compute = config.bf16 ? DType::kBf16 : (config.fp16.enabled ? DType::kFp16 : DType::kF32);
   s.csize = DTypeSize(s.compute);
   s.adam = zero::AdamFromConfig(config);
   STRATA_ASSIGN_OR_RETURN(auto scaler, LossScaler::Create(LossScalerOptions::FromConfig(config)));
   s.scaler = scaler;
 
-  // Every rank must agree on the configuration and the model before any collective.
   STRATA_RETURN_IF_ERROR(CheckTensorDtypes(s.model, s.compute));
-  nlohmann::json layout_doc = {{"tensors", nlohmann::json::array()}, {"modules", nlohmann::json::array()}};
-  for (const TensorDecl& t : s.model.tensors)
-    layout_doc["tensors"].push_back({{"name", t.name}, {"shape", t.shape}});
-  for (const ModuleDecl& m : s.model.modules)
-    layout_doc["modules"].push_back({{"name", m.name}, {"tensors", m.tensors}});
-  STRATA_RETURN_IF_ERROR(CheckConsistency(*s.world, "config", ConfigToJson(config)));
-  STRATA_RETURN_IF_ERROR(CheckConsistency(*s.world, "model layout", layout_doc));
+  STRATA_RETURN_IF_ERROR(AgreeOnConfigAndModel(*s.world, config, s.model));
 
   STRATA_ASSIGN_OR_RETURN(s.layout, zero::MakeLayout(s.model, config.strata.chunk_size, s.world_size));
   s.order.emplace(s.layout);
