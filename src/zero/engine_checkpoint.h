@@ -18,6 +18,7 @@
 #include "zero/checkpoint_reshard.h"
 #include "zero/checkpoint_stream.h"
 #include "zero/engine_impl.h"
+#include "zero/piece_plan.h"
 #include "zero/save_gate.h"
 
 namespace strata::ckpt {
@@ -43,9 +44,8 @@ uint64_t ChunkBytes(const Engine::Impl& s);
 // optimizer off each block until it is read.
 struct StateSnapshot {
   int rank = 0;
-  int64_t opt_elems = 0;
-  int64_t piece_elems = 0;
-  int pieces = 1;
+  // The pieces the state is read in: the NVMe optimizer's, else one piece a chunk.
+  zero::PieceShape shape;
   uint64_t piece_bytes = 0;  // the largest piece's master | m | v, 4 KiB aligned
   NvmeStore* store = nullptr;
   struct Chunk {
@@ -56,8 +56,6 @@ struct StateSnapshot {
   };
   std::vector<Chunk> chunks;
   bool on_device = false;  // some chunk's state is on the device tier
-  int64_t PieceElems(int p) const { return std::min<int64_t>(piece_elems, opt_elems - p * piece_elems); }
-  uint64_t PieceBytes(int p) const { return AlignUp(3 * PieceElems(p) * 4); }
 };
 StateSnapshot Snapshot(Engine::Impl& s);
 // The gate keys of the snapshot's blocks (SaveGate::MemoryKey / SlotKey).

@@ -63,8 +63,8 @@ class NvmeSaver {
   // the host tier).
   Status SaveChunk(int c) {
     const StateSnapshot::Chunk& chunk = snap_.chunks[c];
-    if (chunk.state != nullptr) return SaveChunkFromMemory(chunk, snap_.opt_elems, w_);
-    for (int p = 0; p < snap_.pieces; ++p) STRATA_RETURN_IF_ERROR(SavePiece(c, p));
+    if (chunk.state != nullptr) return SaveChunkFromMemory(chunk, snap_.shape.opt_elems, w_);
+    for (int p = 0; p < snap_.shape.pieces; ++p) STRATA_RETURN_IF_ERROR(SavePiece(c, p));
     return OkStatus();
   }
 
@@ -77,12 +77,12 @@ class NvmeSaver {
 
   // Issues reads of the next live NVMe pieces into free buffers.
   Status ReadAhead() {
-    const int total = static_cast<int>(snap_.chunks.size()) * snap_.pieces;
+    const int total = static_cast<int>(snap_.chunks.size()) * snap_.shape.pieces;
     while (!free_.empty() && next_ < total) {
-      const int c = next_ / snap_.pieces, p = next_ % snap_.pieces;
+      const int c = next_ / snap_.shape.pieces, p = next_ % snap_.shape.pieces;
       const StateSnapshot::Chunk& chunk = snap_.chunks[c];
       if (chunk.state == nullptr && chunk.live[p]) {
-        auto rd = snap_.store->Read(chunk.slots[p], free_.back(), snap_.PieceBytes(p));
+        auto rd = snap_.store->Read(chunk.slots[p], free_.back(), snap_.shape.Bytes(p));
         if (!rd.ok())
           return rd.status().WithContext("checkpoint: reading the optimizer state of chunk " +
                                          std::to_string(c));
@@ -95,7 +95,7 @@ class NvmeSaver {
   }
 
   Status SavePiece(int c, int p) {
-    const uint64_t bytes = snap_.PieceElems(p) * 4;
+    const uint64_t bytes = snap_.shape.Elems(p) * 4;
     if (!snap_.chunks[c].live[p]) {
       // Wholly padding: never stepped, so zero (the engine never wrote its slot).
       for (auto& writer : w_) STRATA_RETURN_IF_ERROR(writer->AppendZeros(bytes));
@@ -109,7 +109,7 @@ class NvmeSaver {
                                                        std::to_string(c) + " piece " + std::to_string(p)));
     gate_.Release(zero::SaveGate::SlotKey(r.slot));  // read: the optimizer may overwrite it
     for (int k = 0; k < kStateKinds; ++k) {
-      STRATA_RETURN_IF_ERROR(w_[k]->Append(r.buf + k * snap_.PieceElems(p), bytes));
+      STRATA_RETURN_IF_ERROR(w_[k]->Append(r.buf + k * snap_.shape.Elems(p), bytes));
     }
     return OkStatus();
   }
@@ -192,10 +192,10 @@ uint64_t ChunkBytes(const Engine::Impl& s) { return AlignUp(s.opt_elems * 4); }
 StateSnapshot Snapshot(Engine::Impl& s) {
   StateSnapshot snap;
   snap.rank = s.rank;
-  snap.opt_elems = s.opt_elems;
-  snap.piece_elems = s.opt_tier == ZeroTier::kNvme ? s.piece_shape.piece_elems : s.opt_elems;
-  snap.pieces = s.opt_tier == ZeroTier::kNvme ? s.piece_shape.pieces : 1;
-  snap.piece_bytes = snap.PieceBytes(0);
+  snap.shape.opt_elems = s.opt_elems;
+  snap.shape.piece_elems = s.opt_tier == ZeroTier::kNvme ? s.piece_shape.piece_elems : s.opt_elems;
+  snap.shape.pieces = s.opt_tier == ZeroTier::kNvme ? s.piece_shape.pieces : 1;
+  snap.piece_bytes = snap.shape.Bytes(0);
   snap.store = s.nvme_opt ? s.nvme_opt->store() : nullptr;
   for (int c = 0; c < s.layout.num_chunks; ++c) {
     StateSnapshot::Chunk chunk;
