@@ -214,6 +214,9 @@ struct EngineLayoutInfo {
   // shards the step leaves in host memory, where the next forward's first gather takes
   // them without a read (the last ones stepped, which the forward gathers first).
   int fresh_param_shards = 0;
+  // Same set-up, fp32, where whole shards would not fit the host budget: a gather
+  // streams the shard through pinned halves of this many optimizer pieces (0: whole).
+  int param_stream_pieces = 0;
 };
 
 class Engine : public ModuleHooks {

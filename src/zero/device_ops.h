@@ -85,7 +85,8 @@ Result<std::unique_ptr<DeviceOps>> CreateCudaDeviceOps(Device& device, StreamId 
 DeviceOps& HostMemoryOps();
 
 // One CPU Adam step over st = master | m | v (n each) with the fp32 gradient, writing
-// the compute copy to out (16-bit, or fp32 as a copy of the master). arena: where its
+// the compute copy to out (16-bit, or fp32 as a copy of the master; in fp32 out may be
+// null, when no one needs the copy). arena: where its
 // oneTBB tasks run (nullptr: the caller's).
 Status AdamOnHost(const AdamParams& p, float* st, int64_t n, const float* grad, DType compute, void* out,
                   tbb::task_arena* arena);

@@ -14,7 +14,7 @@ Status AdamOnHost(const AdamParams& p, float* st, int64_t n, const float* grad, 
   Copy16 c16;
   if (compute != DType::kF32) c16 = Copy16{out, compute};
   STRATA_RETURN_IF_ERROR(AdamStep(p, st, st + n, st + 2 * n, GradView{grad, DType::kF32}, n, c16, arena));
-  if (compute == DType::kF32) std::memcpy(out, st, n * 4);
+  if (compute == DType::kF32 && out != nullptr) std::memcpy(out, st, n * 4);
   return OkStatus();
 }
 

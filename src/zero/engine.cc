@@ -291,6 +291,8 @@ Status Engine::Impl::InitParams(const ParamInit& init) {
     if (stage < 3) {
       STRATA_RETURN_IF_ERROR(CopyToDevice(static_cast<uint8_t*>(param_full) + c * l.chunk_elems * csize,
                                           c16.data(), l.chunk_elems * csize));
+    } else if (param_from_master) {
+      STRATA_RETURN_IF_ERROR(PublishParams(c, nullptr, /*from_host=*/true));  // the master below is it
     } else {
       // Through pinned staging: the NVMe tier needs aligned, registered buffers.
       void* staged = param_staging.Take();

@@ -6,7 +6,8 @@
 // NVMe shards are read in two halves: the read is issued on the training thread as
 // soon as the gather starts (into a pinned staging buffer, when one is free), and
 // fetch_worker waits for it and copies it to the device. Several reads are then in
-// flight at once, and one shard's copy overlaps the next one's read.
+// flight at once, and one shard's copy overlaps the next one's read. A streamed shard
+// (stream_pieces) is read on fetch_worker instead, half a buffer ahead of its copy.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -24,20 +25,24 @@ void* Engine::Impl::ChunkParams(int chunk) {
 // Someone waits for a shard soon (the module it serves is at most the window ahead): it
 // goes to the disk before the optimizer's reads ahead and writes behind.
 Result<std::vector<IoHandle>> Engine::Impl::ReadParamShard(int chunk, void* staged) {
-  std::vector<IoHandle> reads;
   if (!param_from_master) {
     STRATA_ASSIGN_OR_RETURN(IoHandle h, param_store->Read(param_shard[chunk].slot, staged,
                                                           layout.shard_elems * csize, IoPriority::kUrgent));
-    reads.push_back(h);
-    return reads;
+    return std::vector<IoHandle>{h};
   }
   int version;
   {
     std::lock_guard lock(param_write_mu);
     version = param_source[chunk].version;
   }
-  for (int p = 0; p < piece_shape.pieces; ++p) {
-    uint8_t* dst = static_cast<uint8_t*>(staged) + p * piece_shape.piece_elems * 4;
+  return ReadMasterPieces(chunk, version, staged, 0, piece_shape.pieces);
+}
+
+Result<std::vector<IoHandle>> Engine::Impl::ReadMasterPieces(int chunk, int version, void* staged, int first,
+                                                             int end) {
+  std::vector<IoHandle> reads;
+  for (int p = first; p < end; ++p) {
+    uint8_t* dst = static_cast<uint8_t*>(staged) + (p - first) * piece_shape.piece_elems * 4;
     if (!piece_shape.Live(chunk, p)) {
       std::memset(dst, 0, piece_shape.Elems(p) * 4);  // never written: zeros, as its state
       continue;
@@ -53,12 +58,51 @@ Result<std::vector<IoHandle>> Engine::Impl::ReadParamShard(int chunk, void* stag
   return reads;
 }
 
-uint64_t Engine::Impl::ShardReadBytes(int chunk) const {
+uint64_t Engine::Impl::ShardReadBytes(int chunk, int first, int end) const {
   if (!param_from_master) return layout.shard_elems * csize;
+  if (end < 0) end = piece_shape.pieces;
   uint64_t bytes = 0;
-  for (int p = 0; p < piece_shape.pieces; ++p)
-    bytes += piece_shape.Live(chunk, p) ? piece_shape.Elems(p) * 4 : 0;
+  for (int p = first; p < end; ++p) bytes += piece_shape.Live(chunk, p) ? piece_shape.Elems(p) * 4 : 0;
   return bytes;
+}
+
+Status Engine::Impl::StreamShard(int chunk, uint8_t* dst, uint8_t* staged) {
+  STRATA_RETURN_IF_ERROR(WaitParamWrite(chunk));
+  int version;
+  {
+    std::lock_guard lock(param_write_mu);
+    version = param_source[chunk].version;  // one version for every half
+  }
+  const int pieces = piece_shape.pieces, per = stream_pieces;
+  const uint64_t half_bytes = static_cast<uint64_t>(per) * piece_shape.piece_elems * 4;
+  auto half = [&](int first) { return staged + (first / per % 2) * half_bytes; };
+  auto reads = ReadMasterPieces(chunk, version, half(0), 0, std::min(per, pieces));
+  STRATA_RETURN_IF_ERROR(reads.status());
+  Status st;
+  for (int first = 0; first < pieces; first += per) {
+    const int end = std::min(first + per, pieces);
+    for (const IoHandle& r : *reads) {
+      Status done = r.Wait();  // every one: the half is reused after
+      if (st.ok()) st = done;
+    }
+    reads = std::vector<IoHandle>{};
+    if (st.ok() && end < pieces)
+      reads = ReadMasterPieces(chunk, version, half(end), end, std::min(end + per, pieces));
+    if (st.ok()) st = reads.status();
+    if (st.ok()) {
+      bytes_nvme_read += ShardReadBytes(chunk, first, end);
+      const int64_t begin = first * piece_shape.piece_elems;
+      const int64_t elems = std::min<int64_t>(end * piece_shape.piece_elems, piece_shape.opt_elems) - begin;
+      st = CopyToDevice(dst + begin * 4, half(first), elems * 4);
+    }
+    if (!st.ok()) {
+      if (reads.ok()) {
+        for (const IoHandle& r : *reads) (void)r.Wait();
+      }
+      return st;
+    }
+  }
+  return OkStatus();
 }
 
 // Brings this rank's 16-bit shard of `chunk` into dst (device memory).
@@ -82,6 +126,11 @@ Status Engine::Impl::FetchShard(int chunk, void* dst, void* staged, std::vector<
       if (staged == nullptr) {
         staged = param_staging.Take();
         --fetches_awaiting_staging;
+      }
+      if (stream_pieces > 0) {
+        st = StreamShard(chunk, static_cast<uint8_t*>(dst), static_cast<uint8_t*>(staged));
+        param_staging.Give(staged);
+        break;
       }
       if (reads.empty()) {
         st = WaitParamWrite(chunk);
@@ -125,7 +174,7 @@ std::shared_future<Status> Engine::Impl::StartChunkGather(int chunk, void* buf) 
   // gathers of a forward queued behind the previous step's last writes one at a time,
   // leaving the disk idle in between).
   if (on_disk && fresh == nullptr && fetches_awaiting_staging.load() == 0 &&
-      (staged = param_staging.TryTake()) != nullptr && ParamWriteDone(chunk)) {
+      (staged = param_staging.TryTake()) != nullptr && stream_pieces == 0 && ParamWriteDone(chunk)) {
     auto h = ReadParamShard(chunk, staged);
     if (h.ok()) {
       reads = std::move(*h);

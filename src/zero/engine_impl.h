@@ -222,7 +222,11 @@ struct Engine::Impl {
   // buffers; the first error, if `report` (false once a failed step's writes were waited
   // for and logged: AbandonStep).
   Status WaitNvmeWrites(bool report = true);
+  // Stage 3: buffers of param_stage_bytes for shards on their way to the device (whole
+  // shards, or stream_pieces > 0 pieces per half: EnginePlan).
   Pool param_staging;
+  uint64_t param_stage_bytes = 0;
+  int stream_pieces = 0;
   // Parameters on NVMe too: the step assembles a chunk's new 16-bit shard here, piece by
   // piece, and writes it behind (nothing waits for it before the next forward).
   Pool out16_staging;
@@ -385,7 +389,13 @@ struct Engine::Impl {
   // Reads this rank's 16-bit shard of `chunk` from NVMe into `staged`, as urgent I/O:
   // one read, or one per live piece (param_from_master). Its writes must be done.
   Result<std::vector<IoHandle>> ReadParamShard(int chunk, void* staged);
-  uint64_t ShardReadBytes(int chunk) const;  // what ReadParamShard reads from disk
+  // param_from_master: pieces [first, end) of the master of `version`, each at its place
+  // from `staged` on (piece `first` at its start); zeros for a piece never written.
+  Result<std::vector<IoHandle>> ReadMasterPieces(int chunk, int version, void* staged, int first, int end);
+  uint64_t ShardReadBytes(int chunk, int first = 0, int end = -1) const;  // bytes read from disk
+  // stream_pieces > 0: the shard through the halves of `staged`, stream_pieces pieces at
+  // a time, each half's read in flight while the other half goes to the device.
+  Status StreamShard(int chunk, uint8_t* dst, uint8_t* staged);
   // NVMe tier: `fresh` is a borrowed copy in memory (BorrowFresh; returned here), else
   // `reads` are the reads already issued into `staged`, or none to read now.
   Status FetchShard(int chunk, void* dst, void* staged, std::vector<IoHandle> reads, void* fresh,

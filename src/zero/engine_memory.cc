@@ -62,8 +62,10 @@ Status Engine::Impl::PlanLayout(zero::EnginePlan& plan) {
       static_cast<int>(std::count(piece_shape.live.begin(), piece_shape.live.end(), 0));
   info.optimizer_resident_chunks = static_cast<int>(std::count(opt_resident.begin(), opt_resident.end(), 1));
   info.optimizer_device_chunks = static_cast<int>(std::count(opt_on_device.begin(), opt_on_device.end(), 1));
-  info.fresh_param_shards =
-      publish_behind ? std::min(zero::kOut16Staging, l.num_chunks - info.param_resident_chunks) : 0;
+  info.fresh_param_shards = publish_behind && stream_pieces == 0
+                                ? std::min(zero::kOut16Staging, l.num_chunks - info.param_resident_chunks)
+                                : 0;
+  info.param_stream_pieces = stream_pieces;
   STRATA_LOG(kDebug, "engine") << "layout: " << l.num_params << " params in " << l.num_chunks << " chunks of "
                                << l.chunk_elems << " (shard " << l.shard_elems << "); device "
                                << FormatBytes(info.device_need) << ", host " << FormatBytes(info.host_need)
@@ -92,6 +94,8 @@ void Engine::Impl::TakePlan(const zero::EnginePlan& plan) {
   grad_buffers = plan.grad_buffers;
   opt_staging_count = plan.opt_staging_count;
   grad_host_count = plan.grad_host_count;
+  param_stage_bytes = plan.param_stage_bytes;
+  stream_pieces = plan.stream_pieces;
   recv_staging_elems = plan.recv_staging_elems;
   gather_plan = plan.gather;
   info.param_resident_chunks = plan.param_resident_chunks;
@@ -239,7 +243,8 @@ Status Engine::Impl::AllocateShards(const zero::EnginePlan& plan) {
     param_source.resize(n_chunks);
     fresh_shard.assign(n_chunks, nullptr);
   }
-  for (int i = 0; publish_behind && i < zero::kOut16Staging; ++i) {
+  // Streaming keeps no updated shard: a gather reads the master from disk.
+  for (int i = 0; publish_behind && stream_pieces == 0 && i < zero::kOut16Staging; ++i) {
     STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_elems * csize, "parameter shards on their way to NVMe"));
     out16_staging.Add(p);
   }
@@ -256,7 +261,7 @@ Status Engine::Impl::AllocateShards(const zero::EnginePlan& plan) {
   }
   if (stage == 3 || opt_tier != ZeroTier::kDevice) {
     for (int i = 0; i < zero::kParamStaging; ++i) {
-      STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(opt_elems * csize, "parameter staging"));
+      STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(param_stage_bytes, "parameter staging"));
       param_staging.Add(p);
     }
   }

@@ -151,7 +151,9 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
   bool on_host = true;
   void* out = nullptr;
   Status s;
-  if (publish_behind) {
+  if (publish_behind && stream_pieces > 0) {
+    // Nothing to keep: the next gather reads the master this step writes.
+  } else if (publish_behind) {
     auto taken = TakeOut16Staging();
     if (taken.ok())
       out = *taken;
@@ -190,8 +192,8 @@ Status Engine::Impl::PlaceSteppedShard(int chunk, void* out, bool on_host, Statu
     // Its values are the master just written behind: kept in memory for the next
     // forward, never written on their own.
     if (s.ok()) {
-      SetFresh(chunk, out);
-      out16_kept.push_back(out);
+      SetFresh(chunk, out);  // out null (streaming): a resident chunk's master, else none
+      if (out != nullptr) out16_kept.push_back(out);
     } else if (out != nullptr) {
       out16_staging.Give(out);
     }

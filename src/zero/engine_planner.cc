@@ -146,18 +146,36 @@ int EnginePlanner::DeviceChunkCount() const {
 }
 
 void EnginePlanner::PlanHostNeed() {
+  PlanHostNeedAs(/*stream=*/false);
+  // Streaming reads every gather from the disk (no shard kept from the step) and lets
+  // one gradient shard wait instead of two: slower, so only where whole shards do not
+  // fit, and only where it saves something (a shard of more than two halves).
+  const bool helps = out_.param_from_master && out_.pieces.pieces > 2 * kStreamPieces;
+  if (!helps || out_.host.Total() <= out_.host_budget.bytes) return;
+  out_.host = TierNeed{ZeroTier::kHost, {}};
+  PlanHostNeedAs(/*stream=*/true);
+}
+
+void EnginePlanner::PlanHostNeedAs(bool stream) {
   const Layout& l = layout_;
   const uint64_t n_chunks = l.num_chunks, out16 = Align4K(opt_elems_ * csize_);
   const std::string dt(DTypeName(compute_));
   TierNeed& h = out_.host;
+  out_.grad_tier = opt_tier_ == ZeroTier::kDevice ? ZeroTier::kDevice : ZeroTier::kHost;
+  out_.stream_pieces = stream ? kStreamPieces : 0;
+  out_.param_stage_bytes = stream ? Align4K(2ull * kStreamPieces * out_.pieces.piece_elems * csize_) : out16;
   if (stage_ == 3 && param_tier_ == ZeroTier::kHost) {
     h.Add(Part("the " + dt + " parameter shards", n_chunks * Align4K(l.shard_elems * csize_),
                NeedScale::kModel, "offload_param.device \"nvme\"", true));
   }
   PlanExplicitParamResidency(h);
   if (stage_ == 3 || opt_tier_ != ZeroTier::kDevice) {
-    h.Add(Part("staging for " + std::to_string(kParamStaging) + " " + dt + " parameter shards",
-               kParamStaging * out16, NeedScale::kChunk, "", stage_ >= 1));
+    h.Add(stream ? Part("staging for " + std::to_string(kParamStaging) + " gathers of " + dt +
+                            " parameters, streamed " + std::to_string(kStreamPieces) + " pieces at a time",
+                        kParamStaging * out_.param_stage_bytes, NeedScale::kFixed,
+                        "lower zero_optimization.sub_group_size (smaller NVMe optimizer pieces)")
+                 : Part("staging for " + std::to_string(kParamStaging) + " " + dt + " parameter shards",
+                        kParamStaging * out16, NeedScale::kChunk, "", stage_ >= 1));
   }
   if (opt_tier_ == ZeroTier::kHost) {
     const uint64_t on_host = n_chunks - DeviceChunkCount();
@@ -185,7 +203,7 @@ void EnginePlanner::PlanHostNeed() {
                recv, whole ? NeedScale::kChunk : NeedScale::kFixed, "", whole));
   }
   out_.host_budget = facts_.host_budget(h.Total() > 0);
-  if (out_.publish_behind) {
+  if (out_.publish_behind && !stream) {
     h.Add(Part(std::to_string(kOut16Staging) + " " + dt + " parameter shards on their way to NVMe",
                kOut16Staging * out16, NeedScale::kChunk, "", true));
   }
@@ -205,8 +223,10 @@ void EnginePlanner::PlanHostNeed() {
         overlap_ && config_.gradient_clipping <= 0 && config_.gradient_accumulation_steps <= 1;
     if (want == "nvme" || (want == "auto" && (free_on_nvme || on_host > out_.host_budget.bytes))) {
       out_.grad_tier = ZeroTier::kNvme;
-      h.Add(Part("2 fp32 gradient shards on their way to NVMe", 2 * out_.grad_slot_bytes, NeedScale::kChunk,
-                 "", true));
+      const int waiting = stream ? 1 : 2;
+      h.Add(Part(waiting == 1 ? "1 fp32 gradient shard on its way to NVMe"
+                              : "2 fp32 gradient shards on their way to NVMe",
+                 waiting * out_.grad_slot_bytes, NeedScale::kChunk, "", true));
       h.Add(Part("the fp32 gradient shards of the " + Chunks(resident) + " kept in memory",
                  resident * out_.grad_slot_bytes, NeedScale::kModel, "lower strata.optimizer_resident",
                  true));

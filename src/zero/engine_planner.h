@@ -30,6 +30,12 @@ inline constexpr int kParamStaging = 3;
 // Stage 3, optimizer and parameters on NVMe: buffers for the updated shards on their way
 // to NVMe; the last ones filled stay as the next forward's fresh copies.
 inline constexpr int kOut16Staging = 2;
+// Stage 3 in fp32 with both on NVMe, when shard-sized pinned buffers would not fit the
+// host budget: each parameter staging buffer holds two halves of this many pieces (a
+// gather reads one half while the other goes to the device), no updated shard is kept
+// in memory, and one pinned gradient shard waits for the step instead of two. The
+// pinned need then stops growing with the module, but for that one gradient shard.
+inline constexpr int kStreamPieces = 4;
 // A reduced gradient reaches a host-side shard through pinned staging of at most this
 // much (and at most sub_group_size values), a piece at a time, so the staging does not
 // grow with the module.
@@ -74,7 +80,11 @@ struct EnginePlan {
   int spares = 0;             // speculation spares
   int opt_staging_count = 0;  // NVMe optimizer staging sets
   int grad_host_count = 0;    // pinned gradient shards on their way to NVMe
-  GatherPlan gather;          // stage 3
+  // Stage 3: pinned bytes of each parameter staging buffer (a shard, or two halves of
+  // stream_pieces pieces); stream_pieces 0: whole shards (kStreamPieces).
+  uint64_t param_stage_bytes = 0;
+  int stream_pieces = 0;
+  GatherPlan gather;  // stage 3
   // What each tier will hold, optional parts included; NVMe: only the chunks on disk.
   uint64_t device_need = 0, host_need = 0, nvme_need = 0;
   uint64_t recv_staging_elems = 0;  // the pinned staging of a reduced gradient
@@ -90,7 +100,10 @@ class EnginePlanner {
  private:
   void PlanPieces();
   void PlanDeviceNeed();
-  void PlanHostNeed();  // also decides where NVMe-optimizer gradients wait
+  // Also decides where NVMe-optimizer gradients wait, and whether the parameters stream
+  // (kStreamPieces): only when whole shards would not fit.
+  void PlanHostNeed();
+  void PlanHostNeedAs(bool stream);
   // strata.optimizer_resident set: adds the state of the chunks it asks for to the host
   // need `h`; their count (0 when unset). PlanExtras marks which (residency_plan.h).
   int PlanExplicitResidency(TierNeed& h);

@@ -32,9 +32,11 @@ void EnginePlanner::PlanExtras() {
   }
   out_.grad_host_count = 0;
   if (out_.grad_tier == ZeroTier::kNvme) {
-    // Shards beyond two let the reductions run ahead of a slower optimizer.
-    out_.grad_host_count = 2 + static_cast<int>(std::min<uint64_t>(2, host_room() / out_.grad_slot_bytes));
-    host += (out_.grad_host_count - 2) * out_.grad_slot_bytes;
+    // Shards beyond the fixed ones let the reductions run ahead of a slower optimizer.
+    const int fixed = out_.stream_pieces > 0 ? 1 : 2;
+    out_.grad_host_count =
+        fixed + static_cast<int>(std::min<uint64_t>(2, host_room() / out_.grad_slot_bytes));
+    host += (out_.grad_host_count - fixed) * out_.grad_slot_bytes;
   }
   // Resident parameter shards before speculation spares: a shard on NVMe is read by a
   // serial fetch the forward waits for, while a spare only lets a chunk's CPU step

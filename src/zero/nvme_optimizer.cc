@@ -177,9 +177,10 @@ Result<bool> NvmeOptimizer::Step(const OptimizerStep& a, const float* grad, void
   }
   const size_t csize = DTypeSize(a.compute);
   for (int p = 0; p < shape_.pieces; ++p) {
-    uint8_t* out_p = static_cast<uint8_t*>(out) + p * shape_.piece_elems * csize;
+    uint8_t* out_p = out == nullptr ? nullptr : static_cast<uint8_t*>(out) + p * shape_.piece_elems * csize;
     if (!shape_.Live(a.chunk, p)) {
-      std::memset(out_p, 0, shape_.Elems(p) * csize);  // the buffer held another chunk's values
+      // The buffer held another chunk's values.
+      if (out_p != nullptr) std::memset(out_p, 0, shape_.Elems(p) * csize);
       continue;
     }
     STRATA_RETURN_IF_ERROR(StepPiece(a, p, grad + p * shape_.piece_elems, out_p));

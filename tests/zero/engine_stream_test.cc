@@ -1,0 +1,109 @@
+// Stage 3 in fp32 with the optimizer state and the parameters on NVMe, under a host
+// budget too small for shard-sized pinned buffers: a gather streams the shard through
+// halves of a few pieces, the step keeps no updated shard in memory, and one pinned
+// gradient shard waits for the step. The pinned need then no longer grows with the
+// module (but for that one gradient shard), and training still equals the reference
+// and, bit for bit, the same run with whole shards.
+#include "engine_checks.h"
+#include "engine_plan.h"
+#include "single_world.h"
+#include "zero/engine_planner.h"
+
+namespace strata::testing {
+namespace {
+
+// Modules of 128 x 128 + 128: each chunk's shard is 18 pieces of kPiecedSubGroup, more
+// than the two halves a streamed gather stages.
+zero::TrainSpec WideSpec() {
+  zero::TrainSpec spec = SmallSpec(6);
+  spec.model.input_dim = 128;
+  spec.model.hidden = {128, 128, 128};
+  return spec;
+}
+
+// more: further top-level keys, each with a leading comma.
+std::string Budget(uint64_t bytes, bool overlap = true, const std::string& more = "") {
+  return R"({"strata": {"host_budget": )" + std::to_string(bytes) + R"(, "overlap": )" +
+         (overlap ? "true" : "false") + "}" + more + "}";
+}
+
+const Combo kBothOnNvme{3, "nvme", "nvme", "auto", kPiecedSubGroup};
+
+struct Budgets {
+  uint64_t streamed = 0;  // the least that plans (it streams)
+  uint64_t whole = 0;     // the least that plans whole shards
+};
+
+Budgets FindBudgets(const zero::TrainSpec& spec, bool overlap = true, const std::string& more = "") {
+  Budgets b;
+  for (uint64_t bytes = 64 * 1024; bytes <= 16 * 1024 * 1024 && b.whole == 0; bytes += 4 * 1024) {
+    auto plan = PlanOnly(MakeConfig(kBothOnNvme, Budget(bytes, overlap, more)), spec);
+    if (!plan.ok()) continue;
+    if (b.streamed == 0) b.streamed = bytes;
+    if (plan->param_stream_pieces == 0) b.whole = bytes;
+  }
+  return b;
+}
+
+TEST(EngineStream, ATightBudgetStreamsAndAnAmpleOneKeepsWholeShards) {
+  const zero::TrainSpec spec = WideSpec();
+  const Budgets b = FindBudgets(spec);
+  ASSERT_GT(b.streamed, 0u) << "no budget up to 16 MiB plans the streamed set-up";
+  ASSERT_GT(b.whole, b.streamed) << "whole shards must need more than streaming";
+  auto tight = PlanOnly(MakeConfig(kBothOnNvme, Budget(b.streamed)), spec);
+  auto ample = PlanOnly(MakeConfig(kBothOnNvme, Budget(b.whole)), spec);
+  ASSERT_TRUE(tight.ok() && ample.ok());
+  ASSERT_TRUE(tight->params_in_optimizer_state);
+  const int64_t pieces = tight->optimizer_pieces, piece = tight->optimizer_piece_elems;
+  ASSERT_GE(pieces, 16) << "the module must be many pieces for this test to mean anything";
+  EXPECT_EQ(tight->param_stream_pieces, zero::kStreamPieces);
+  EXPECT_EQ(tight->fresh_param_shards, 0) << "a streamed step keeps no shard";
+  EXPECT_EQ(ample->param_stream_pieces, 0);
+  EXPECT_GT(ample->fresh_param_shards, 0);
+  // Whole shards cost 3 staging + 2 kept + 1 more gradient shard; streaming costs 3
+  // buffers of two halves of kStreamPieces pieces.
+  const uint64_t shard = tight->shard_elems * 4;
+  const uint64_t buffer = zero::Align4K(2 * zero::kStreamPieces * piece * 4);
+  EXPECT_GE(b.whole - b.streamed, 6 * shard - 3 * buffer - 4 * 1024);
+  bool staging_found = false;
+  for (const auto& part : tight->need_parts) {
+    if (part.what.find("streamed") == std::string::npos) continue;
+    staging_found = true;
+    EXPECT_EQ(part.bytes, 3 * buffer);
+  }
+  EXPECT_TRUE(staging_found) << "the plan names the streamed staging";
+}
+
+// The budget is the least that plans; training equals the reference and the whole-shard
+// run bit for bit, the host high water stays under the budget, with and without overlap
+// and with clipping (a step redone from the gradient shard read back from NVMe).
+void CheckStreamedRun(bool overlap, const std::string& more, const std::string& what) {
+  const zero::TrainSpec spec = WideSpec();
+  const Budgets b = FindBudgets(spec, overlap, more);
+  ASSERT_GT(b.streamed, 0u) << what;
+  ASSERT_GT(b.whole, b.streamed) << what;
+  auto plan = PlanOnly(MakeConfig(kBothOnNvme, Budget(b.streamed, overlap, more)), spec);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->param_stream_pieces, zero::kStreamPieces) << what;
+  auto ref =
+      zero::TrainReference(MakeConfig({0, "none", "none"}, "{" + (more.empty() ? "" : more.substr(1)) + "}"),
+                           spec, World().size());
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  EngineRun streamed = RunEngine(World(), MakeConfig(kBothOnNvme, Budget(b.streamed, overlap, more)), spec);
+  EngineRun whole = RunEngine(World(), MakeConfig(kBothOnNvme, Budget(b.whole, overlap, more)), spec);
+  ExpectMatchesReference(streamed, *ref, 1e-5, kAtol, kRtol, what);
+  ASSERT_TRUE(whole.status.ok()) << whole.status.ToString();
+  EXPECT_TRUE(BitIdentical(streamed, whole)) << what << ": streaming changed the arithmetic";
+  for (const auto& r : streamed.log.results) EXPECT_LE(r.host_high_water, b.streamed) << what;
+}
+
+TEST(EngineStream, StreamedRunEqualsTheReferenceAndTheWholeShardRun) {
+  CheckStreamedRun(true, "", "overlap on");
+}
+TEST(EngineStream, StreamedSerialRunEqualsTheReference) { CheckStreamedRun(false, "", "overlap off"); }
+TEST(EngineStream, StreamedRunWithClippingEqualsTheReference) {
+  CheckStreamedRun(true, R"(, "gradient_clipping": 0.05)", "clipping");
+}
+
+}  // namespace
+}  // namespace strata::testing
