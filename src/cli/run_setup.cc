@@ -114,7 +114,10 @@ void PrintConfigSummary(const Config& c, const Origins& origin, const EngineLayo
   }
   if (c.zero.stage == 3 && c.zero.offload_param.device == OffloadDevice::kNvme) {
     if (l.params_in_optimizer_state) {
-      std::printf("  parameter shards: read from the optimizer state's master on NVMe (no parameter swap)\n");
+      std::printf("  parameter shards: read from the optimizer state's master on NVMe (no parameter swap)%s\n",
+                  l.param_stream_pieces > 0
+                      ? ", streamed through pinned pieces: whole shards would not fit the host budget"
+                      : "");
     } else {
       std::printf(
           "  parameter shards in pinned host memory: %d of %d chunks (%s), the rest on NVMe; "
