@@ -217,6 +217,9 @@ struct EngineLayoutInfo {
   // Same set-up, fp32, where whole shards would not fit the host budget: a gather
   // streams the shard through pinned halves of this many optimizer pieces (0: whole).
   int param_stream_pieces = 0;
+  // ... and where one pinned gradient shard does not fit either: the gradient shards go
+  // to NVMe and back a piece at a time.
+  bool gradient_pieces_on_nvme = false;
 };
 
 class Engine : public ModuleHooks {

@@ -190,6 +190,7 @@ Engine::~Engine() {
   s.nvme_opt.reset();  // its store
   s.param_store.reset();
   s.grad_store.reset();
+  s.grad_pieces.reset();
   s.io.reset();
   if (s.arena) {
     for (const auto& b : s.host_blocks) s.arena->Free(b);

@@ -32,6 +32,7 @@ Status Engine::Impl::OpenGradStore() {
   so.slot_size = grad_slot_bytes;
   so.slot_count = on_disk;
   so.checksum = config.strata.checksum;
+  if (stream_grads) return OpenGradPieces(so);
   STRATA_ASSIGN_OR_RETURN(grad_store, NvmeStore::Open(*io, so));
   for (int c = 0; c < layout.num_chunks; ++c) {
     if (Resident(c)) continue;
@@ -40,8 +41,30 @@ Status Engine::Impl::OpenGradStore() {
   return OkStatus();
 }
 
-Status Engine::Impl::AccumulateToHost(float* dst, const float* part) {
-  const uint64_t step = recv_staging_elems, elems = opt_elems;
+Status Engine::Impl::OpenGradPieces(NvmeStoreOptions so) {
+  std::vector<uint8_t> on_disk(layout.num_chunks, 0);
+  int live = 0;
+  for (int c = 0; c < layout.num_chunks; ++c) {
+    on_disk[c] = !Resident(c);
+    for (int p = 0; on_disk[c] && p < piece_shape.pieces; ++p) live += piece_shape.Live(c, p);
+  }
+  const uint64_t piece_bytes = zero::Align4K(piece_shape.piece_elems * 4);
+  so.slot_size = piece_bytes;
+  so.slot_count = live;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<NvmeStore> store, NvmeStore::Open(*io, so));
+  STRATA_ASSIGN_OR_RETURN(grad_pieces, zero::GradPieceStore::Create(std::move(store), piece_shape, on_disk));
+  for (int i = 0; i < zero::kGradWritePieces + zero::kGradReadPieces; ++i) {
+    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(piece_bytes, "gradient pieces on their way to and from NVMe"));
+    if (i < zero::kGradWritePieces)
+      grad_pieces->AddWriteBuffer(static_cast<float*>(p));
+    else
+      grad_pieces->AddReadBuffer(static_cast<float*>(p));
+  }
+  return OkStatus();
+}
+
+Status Engine::Impl::AccumulateToHost(float* dst, const float* part, int64_t count) {
+  const uint64_t step = recv_staging_elems, elems = count < 0 ? opt_elems : count;
   for (uint64_t off = 0; off < elems; off += step) {
     const uint64_t n = std::min(step, elems - off);
     STRATA_RETURN_IF_ERROR(CopyToHost(host_recv, part + off, n * 4));
@@ -117,6 +140,49 @@ Status Engine::Impl::AccumulateGradOnNvme(int chunk, const float* part, bool fir
     return OkStatus();
   }
   return finish();
+}
+
+Status Engine::Impl::AccumulateGradPieces(int chunk, const float* part, bool first_in_window,
+                                          bool last_micro_batch) {
+  OptChunk& o = opt[chunk];
+  GradStats stats;
+  o.grad_on_disk = false;
+  for (int p = 0; p < piece_shape.pieces; ++p) {
+    if (!piece_shape.Live(chunk, p)) continue;  // the step never asks for it
+    const int64_t off = p * piece_shape.piece_elems, n = piece_shape.Elems(p);
+    STRATA_ASSIGN_OR_RETURN(float* buf, grad_pieces->TakeWriteBuffer());
+    Status st;
+    if (first_in_window) {
+      st = CopyToHost(buf, part + off, n * 4);
+    } else {
+      const int64_t t0 = NowNs();
+      auto rd = grad_pieces->Read(chunk, p, buf);
+      st = rd.ok() ? rd->Wait() : rd.status();
+      io_busy_ns += NowNs() - t0;
+      if (st.ok()) {
+        bytes_nvme_read += grad_pieces->piece_bytes(p);
+        st = AccumulateToHost(buf, part + off, n);
+      }
+    }
+    if (st.ok() && last_micro_batch) {
+      auto piece_stats = ComputeGradStats(GradView{buf, DType::kF32}, n);
+      if (piece_stats.ok()) stats.Merge(*piece_stats);
+      st = piece_stats.status();
+    }
+    if (st.ok()) {
+      st = grad_pieces->Write(chunk, p, buf);  // buf comes back once on disk
+      if (st.ok()) bytes_nvme_written += grad_pieces->piece_bytes(p);
+    } else {
+      grad_pieces->GiveWriteBuffer(buf);
+    }
+    if (!st.ok()) return st.WithContext("the gradient shard of chunk " + std::to_string(chunk));
+  }
+  o.grad_on_disk = true;
+  if (!last_micro_batch) return OkStatus();
+  o.grad_stats = stats;
+  // The speculative step reads the pieces back (MaybeSpeculate takes no stats then).
+  if (overlap && !stats.has_inf_nan) MaybeSpeculate(chunk);
+  return OkStatus();
 }
 
 }  // namespace strata

@@ -35,6 +35,7 @@
 #include "zero/clock.h"
 #include "zero/device_ops.h"
 #include "zero/engine_planner.h"
+#include "zero/grad_pieces.h"
 #include "zero/grad_reducer.h"
 #include "zero/layout.h"
 #include "zero/memory_optimizer.h"
@@ -104,6 +105,9 @@ struct Engine::Impl {
   std::unique_ptr<NvmeStore>
       param_store;  // 16-bit param shard per chunk (stage 3; not with param_from_master)
   std::unique_ptr<NvmeStore> grad_store;  // fp32 gradient shard per chunk (grad_tier nvme)
+  // ... or a slot per piece (stream_grads: shards too large for a pinned one).
+  std::unique_ptr<zero::GradPieceStore> grad_pieces;
+  bool stream_grads = false;
   int rank = 0, world_size = 1;
   int stage = 0;
   ZeroTier opt_tier = ZeroTier::kDevice;    // master, m, v
@@ -428,9 +432,13 @@ struct Engine::Impl {
   // Adds this rank's reduced part (device memory) into the chunk's shard on NVMe; after
   // the last micro-batch, records its stats and starts its speculative step.
   Status AccumulateGradOnNvme(int chunk, const float* part, bool first_in_window, bool last_micro_batch);
-  // dst[i] += part[i] for opt_elems values: `part` on the device, `dst` in host memory,
-  // through host_recv a piece at a time. Comm worker only (host_recv is its own).
-  Status AccumulateToHost(float* dst, const float* part);
+  // The same a piece at a time through grad_pieces (stream_grads).
+  Status AccumulateGradPieces(int chunk, const float* part, bool first_in_window, bool last_micro_batch);
+  Status OpenGradPieces(NvmeStoreOptions so);  // OpenGradStore's, with stream_grads
+  // dst[i] += part[i] for `elems` values (opt_elems when -1): `part` on the device, `dst`
+  // in host memory, through host_recv a piece at a time. Comm worker only (host_recv is
+  // its own).
+  Status AccumulateToHost(float* dst, const float* part, int64_t elems = -1);
 
   // --- engine_update.cc: Step()'s update, in the order of engine.h's definition ---
   struct GlobalStats {

@@ -66,6 +66,7 @@ Status Engine::Impl::PlanLayout(zero::EnginePlan& plan) {
                                 ? std::min(zero::kOut16Staging, l.num_chunks - info.param_resident_chunks)
                                 : 0;
   info.param_stream_pieces = stream_pieces;
+  info.gradient_pieces_on_nvme = stream_grads;
   STRATA_LOG(kDebug, "engine") << "layout: " << l.num_params << " params in " << l.num_chunks << " chunks of "
                                << l.chunk_elems << " (shard " << l.shard_elems << "); device "
                                << FormatBytes(info.device_need) << ", host " << FormatBytes(info.host_need)
@@ -96,6 +97,7 @@ void Engine::Impl::TakePlan(const zero::EnginePlan& plan) {
   grad_host_count = plan.grad_host_count;
   param_stage_bytes = plan.param_stage_bytes;
   stream_pieces = plan.stream_pieces;
+  stream_grads = plan.stream_grads;
   recv_staging_elems = plan.recv_staging_elems;
   gather_plan = plan.gather;
   info.param_resident_chunks = plan.param_resident_chunks;

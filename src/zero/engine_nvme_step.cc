@@ -7,6 +7,7 @@
 // (param_writes), or, kept as a fresh copy, when no gather copies from it any more.
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "strata/log.h"
@@ -118,7 +119,9 @@ Status Engine::Impl::WaitNvmeWrites(bool report) {
   Status first = nvme_opt ? nvme_opt->WaitWrites(report) : OkStatus();
   // What never reached the disk must not be served in its place either.
   Status params = param_writes.Drain(report, [this](void* buf) { ForgetFreshBuffer(buf); });
-  return first.ok() ? params : first;
+  if (first.ok()) first = params;
+  Status grads = grad_pieces ? grad_pieces->Drain(report) : OkStatus();
+  return first.ok() ? grads : first;
 }
 
 Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative, int next_chunk,
@@ -135,9 +138,12 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
         " must be stepped from its gradient on NVMe, which was not written (a speculative step "
         "was expected to use it)");
   }
+  // Streamed: a piece at a time, as the optimizer asks for them (grad_pieces.h).
+  std::optional<zero::GradPieceReader> pieces;
+  if (read_grad && stream_grads) pieces.emplace(grad_pieces.get(), chunk);
   float* grad_buf = nullptr;
   IoHandle grad_read;
-  if (read_grad) {
+  if (read_grad && !pieces) {
     grad_buf = static_cast<float*>(grad_host.Take());
     auto rd = grad_store->Read(o.grad_slot, grad_buf, grad_slot_bytes);
     if (!rd.ok()) {
@@ -147,7 +153,7 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
     grad_read = *rd;
     grad = grad_buf;
   }
-  if (grad == nullptr) grad = o.grad;
+  if (grad == nullptr && !pieces) grad = o.grad;
   bool on_host = true;
   void* out = nullptr;
   Status s;
@@ -162,14 +168,32 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
   } else {
     out = Out16Target(chunk, &on_host);
   }
-  if (s.ok() && read_grad) {
+  if (s.ok() && read_grad && !pieces) {
     const int64_t t0 = NowNs();
     s = grad_read.Wait().WithContext("reading the gradient shard of chunk " + std::to_string(chunk));
     io_busy_ns += NowNs() - t0;
     if (s.ok()) bytes_nvme_read += grad_slot_bytes;
   }
-  if (s.ok()) s = nvme_opt->Step(StepArgs(chunk, grad_scale, speculative, next_chunk), grad, out).status();
-  if (read_grad) {
+  zero::OptimizerStep args = StepArgs(chunk, grad_scale, speculative, next_chunk);
+  if (pieces) {
+    args.grad_piece = [&](int p) -> Result<const float*> {
+      const int64_t t0 = NowNs();
+      auto g = pieces->Get(p);
+      io_busy_ns += NowNs() - t0;
+      if (!g.ok()) {
+        return g.status().WithContext("reading piece " + std::to_string(p) +
+                                      " of the gradient shard of chunk " + std::to_string(chunk));
+      }
+      return g;
+    };
+  }
+  if (s.ok()) s = nvme_opt->Step(args, grad, out).status();
+  if (pieces) {
+    Status done = pieces->Finish();
+    if (s.ok()) s = done;
+    bytes_nvme_read += pieces->bytes_read();
+  }
+  if (read_grad && !pieces) {
     if (!s.ok()) (void)grad_read.Wait();  // the buffer must be quiet before reuse
     grad_host.Give(grad_buf);
   }

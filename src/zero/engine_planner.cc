@@ -146,23 +146,37 @@ int EnginePlanner::DeviceChunkCount() const {
 }
 
 void EnginePlanner::PlanHostNeed() {
-  PlanHostNeedAs(/*stream=*/false);
+  PlanHostNeedAs(/*stream=*/false, /*stream_grads=*/false);
   // Streaming reads every gather from the disk (no shard kept from the step) and lets
   // one gradient shard wait instead of two: slower, so only where whole shards do not
-  // fit, and only where it saves something (a shard of more than two halves).
+  // fit, and only where it saves something (a shard of more than two halves). Where
+  // that one shard does not fit either, the gradients go to disk and back in pieces,
+  // which costs a write and a read of 4 bytes per parameter each step.
   const bool helps = out_.param_from_master && out_.pieces.pieces > 2 * kStreamPieces;
-  if (!helps || out_.host.Total() <= out_.host_budget.bytes) return;
+  auto fits = [&] { return out_.host.Total() <= out_.host_budget.bytes; };
+  if (!helps || fits()) return;
   out_.host = TierNeed{ZeroTier::kHost, {}};
-  PlanHostNeedAs(/*stream=*/true);
+  PlanHostNeedAs(/*stream=*/true, /*stream_grads=*/false);
+  if (fits() || out_.grad_tier != ZeroTier::kNvme) return;
+  out_.host = TierNeed{ZeroTier::kHost, {}};
+  PlanHostNeedAs(/*stream=*/true, /*stream_grads=*/true);
 }
 
-void EnginePlanner::PlanHostNeedAs(bool stream) {
+uint64_t EnginePlanner::GradDiskBytes() const {
+  if (!out_.stream_grads) return out_.grad_slot_bytes;
+  uint64_t bytes = 0;
+  for (int p = 0; p < out_.pieces.pieces; ++p) bytes += Align4K(out_.pieces.Elems(p) * 4);
+  return bytes;
+}
+
+void EnginePlanner::PlanHostNeedAs(bool stream, bool stream_grads) {
   const Layout& l = layout_;
   const uint64_t n_chunks = l.num_chunks, out16 = Align4K(opt_elems_ * csize_);
   const std::string dt(DTypeName(compute_));
   TierNeed& h = out_.host;
   out_.grad_tier = opt_tier_ == ZeroTier::kDevice ? ZeroTier::kDevice : ZeroTier::kHost;
   out_.stream_pieces = stream ? kStreamPieces : 0;
+  out_.stream_grads = false;
   out_.param_stage_bytes = stream ? Align4K(2ull * kStreamPieces * out_.pieces.piece_elems * csize_) : out16;
   if (stage_ == 3 && param_tier_ == ZeroTier::kHost) {
     h.Add(Part("the " + dt + " parameter shards", n_chunks * Align4K(l.shard_elems * csize_),
@@ -224,9 +238,18 @@ void EnginePlanner::PlanHostNeedAs(bool stream) {
     if (want == "nvme" || (want == "auto" && (free_on_nvme || on_host > out_.host_budget.bytes))) {
       out_.grad_tier = ZeroTier::kNvme;
       const int waiting = stream ? 1 : 2;
-      h.Add(Part(waiting == 1 ? "1 fp32 gradient shard on its way to NVMe"
-                              : "2 fp32 gradient shards on their way to NVMe",
-                 waiting * out_.grad_slot_bytes, NeedScale::kChunk, "", true));
+      out_.stream_grads = stream_grads;
+      if (stream_grads) {
+        h.Add(Part(
+            "pinned pieces of fp32 gradients on their way to NVMe (" + std::to_string(kGradWritePieces) +
+                ") and back (" + std::to_string(kGradReadPieces) + ")",
+            (kGradWritePieces + kGradReadPieces) * Align4K(out_.pieces.piece_elems * 4), NeedScale::kFixed,
+            "lower zero_optimization.sub_group_size (smaller NVMe optimizer pieces)"));
+      } else {
+        h.Add(Part(waiting == 1 ? "1 fp32 gradient shard on its way to NVMe"
+                                : "2 fp32 gradient shards on their way to NVMe",
+                   waiting * out_.grad_slot_bytes, NeedScale::kChunk, "", true));
+      }
       h.Add(Part("the fp32 gradient shards of the " + Chunks(resident) + " kept in memory",
                  resident * out_.grad_slot_bytes, NeedScale::kModel, "lower strata.optimizer_resident",
                  true));
@@ -282,8 +305,9 @@ void EnginePlanner::PlanNvmeNeed() {
                        true, SwapPaths(config_, oo)));
   }
   if (out_.grad_tier == ZeroTier::kNvme) {
-    out_.nvme.Add(Part("the fp32 gradient shards", n_chunks * out_.grad_slot_bytes, NeedScale::kModel,
-                       opt_disks, true, SwapPaths(config_, oo)));
+    out_.nvme.Add(
+        Part(out_.stream_grads ? "the fp32 gradient shards, a slot per piece" : "the fp32 gradient shards",
+             n_chunks * GradDiskBytes(), NeedScale::kModel, opt_disks, true, SwapPaths(config_, oo)));
   }
 }
 

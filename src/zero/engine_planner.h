@@ -36,6 +36,11 @@ inline constexpr int kOut16Staging = 2;
 // in memory, and one pinned gradient shard waits for the step instead of two. The
 // pinned need then stops growing with the module, but for that one gradient shard.
 inline constexpr int kStreamPieces = 4;
+// Streamed shards whose one pinned gradient shard does not fit either: the gradient goes
+// to NVMe and back in pieces (grad_pieces.h), through this many pinned pieces on the way
+// out and two on the way back (the piece stepped and the next).
+inline constexpr int kGradWritePieces = 4;
+inline constexpr int kGradReadPieces = 2;
 // A reduced gradient reaches a host-side shard through pinned staging of at most this
 // much (and at most sub_group_size values), a piece at a time, so the staging does not
 // grow with the module.
@@ -84,7 +89,8 @@ struct EnginePlan {
   // stream_pieces pieces); stream_pieces 0: whole shards (kStreamPieces).
   uint64_t param_stage_bytes = 0;
   int stream_pieces = 0;
-  GatherPlan gather;  // stage 3
+  bool stream_grads = false;  // gradient shards to NVMe and back in pieces (grad_pieces.h)
+  GatherPlan gather;          // stage 3
   // What each tier will hold, optional parts included; NVMe: only the chunks on disk.
   uint64_t device_need = 0, host_need = 0, nvme_need = 0;
   uint64_t recv_staging_elems = 0;  // the pinned staging of a reduced gradient
@@ -103,7 +109,9 @@ class EnginePlanner {
   // Also decides where NVMe-optimizer gradients wait, and whether the parameters stream
   // (kStreamPieces): only when whole shards would not fit.
   void PlanHostNeed();
-  void PlanHostNeedAs(bool stream);
+  void PlanHostNeedAs(bool stream, bool stream_grads);
+  // NVMe bytes of one chunk's gradient shard: one slot, or a slot per piece.
+  uint64_t GradDiskBytes() const;
   // strata.optimizer_resident set: adds the state of the chunks it asks for to the host
   // need `h`; their count (0 when unset). PlanExtras marks which (residency_plan.h).
   int PlanExplicitResidency(TierNeed& h);

@@ -31,7 +31,7 @@ void EnginePlanner::PlanExtras() {
     host += r.extra_bytes;
   }
   out_.grad_host_count = 0;
-  if (out_.grad_tier == ZeroTier::kNvme) {
+  if (out_.grad_tier == ZeroTier::kNvme && !out_.stream_grads) {
     // Shards beyond the fixed ones let the reductions run ahead of a slower optimizer.
     const int fixed = out_.stream_pieces > 0 ? 1 : 2;
     out_.grad_host_count =
@@ -64,7 +64,7 @@ void EnginePlanner::PlanExtras() {
   const uint64_t resident = std::count(out_.opt_resident.begin(), out_.opt_resident.end(), 1);
   const uint64_t per_resident = opt_tier_ == ZeroTier::kNvme
                                     ? 2ull * out_.pieces.pieces * out_.opt_set_bytes +
-                                          (out_.grad_tier == ZeroTier::kNvme ? out_.grad_slot_bytes : 0)
+                                          (out_.grad_tier == ZeroTier::kNvme ? GradDiskBytes() : 0)
                                     : 0;
   const uint64_t params_off_disk = out_.param_resident_chunks * ParamShardBytes();
   out_.nvme_need = out_.nvme.Total() - resident * per_resident - params_off_disk;

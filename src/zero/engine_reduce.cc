@@ -19,8 +19,10 @@ Status Engine::Impl::EndMicroBatch() {
 
 Status Engine::Impl::TakeReduced(int chunk, const float* part, bool first_in_window, bool last) {
   const ZeroTier tier = GradTierOf(chunk);
-  if (tier == ZeroTier::kNvme)
-    return AccumulateGradOnNvme(chunk, part, first_in_window, last);  // speculates itself
+  if (tier == ZeroTier::kNvme) {  // speculates itself
+    return stream_grads ? AccumulateGradPieces(chunk, part, first_in_window, last)
+                        : AccumulateGradOnNvme(chunk, part, first_in_window, last);
+  }
   STRATA_RETURN_IF_ERROR(tier == ZeroTier::kHost ? AccumulateToHost(opt[chunk].grad, part)
                                                  : OpsOn(tier).Accumulate(zero::OpsLane::kReduce,
                                                                           opt[chunk].grad, part, opt_elems));

@@ -113,7 +113,8 @@ void Engine::Impl::MaybeSpeculate(int chunk, const float* grad, std::function<St
   const float scale = scaler->grad_scale();
   opt[chunk].spec_done = opt_worker.Submit([this, chunk, scale, grad, done] {
     Status s = [&]() -> Status {
-      if (grad == nullptr) {
+      // A shard on NVMe had its stats taken on its way there (engine_grads.cc).
+      if (grad == nullptr && GradTierOf(chunk) != ZeroTier::kNvme) {
         const auto check_start = std::chrono::steady_clock::now();
         const GradShard shard{GradView{opt[chunk].grad, DType::kF32}, static_cast<size_t>(opt_elems)};
         auto stats =

@@ -183,7 +183,12 @@ Result<bool> NvmeOptimizer::Step(const OptimizerStep& a, const float* grad, void
       if (out_p != nullptr) std::memset(out_p, 0, shape_.Elems(p) * csize);
       continue;
     }
-    STRATA_RETURN_IF_ERROR(StepPiece(a, p, grad + p * shape_.piece_elems, out_p));
+    const float* g = grad != nullptr ? grad + p * shape_.piece_elems : nullptr;
+    if (g == nullptr) {
+      if (!a.grad_piece) return InternalError("NVMe optimizer: a step without a gradient");
+      STRATA_ASSIGN_OR_RETURN(g, a.grad_piece(p));
+    }
+    STRATA_RETURN_IF_ERROR(StepPiece(a, p, g, out_p));
   }
   return true;
 }

@@ -13,6 +13,7 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include <cstdint>
+#include <functional>
 
 #include "strata/adam.h"
 #include "strata/dtype.h"
@@ -31,6 +32,9 @@ struct OptimizerStep {
   bool overlap = true;               // off: read nothing ahead beyond this chunk
   int64_t epoch = 0;                 // the Step() call this step belongs to
   tbb::task_arena* arena = nullptr;  // where a CPU Adam runs (nullptr: the caller's)
+  // The NVMe backend with a null `grad`: piece p's fp32 gradient, asked for in ascending
+  // order on the stepping thread; valid until the next call.
+  std::function<Result<const float*>(int piece)> grad_piece;
 };
 
 class OptimizerBackend {

@@ -1,0 +1,119 @@
+#include "zero/grad_pieces.h"
+
+#include <string>
+
+namespace strata::zero {
+
+GradPieceStore::GradPieceStore(std::unique_ptr<NvmeStore> store, const PieceShape& shape)
+    : store_(std::move(store)), shape_(shape) {}
+
+Result<std::unique_ptr<GradPieceStore>> GradPieceStore::Create(std::unique_ptr<NvmeStore> store,
+                                                               const PieceShape& shape,
+                                                               const std::vector<uint8_t>& on_disk) {
+  std::unique_ptr<GradPieceStore> s(new GradPieceStore(std::move(store), shape));
+  s->slot_.assign(on_disk.size() * shape.pieces, 0);
+  for (size_t c = 0; c < on_disk.size(); ++c) {
+    if (!on_disk[c]) continue;
+    for (int p = 0; p < shape.pieces; ++p) {
+      if (!shape.Live(static_cast<int>(c), p)) continue;
+      STRATA_ASSIGN_OR_RETURN(s->slot_[shape.Key(static_cast<int>(c), p)], s->store_->Allocate());
+    }
+  }
+  return s;
+}
+
+Result<float*> GradPieceStore::TakeWriteBuffer() {
+  {
+    std::lock_guard lock(mu_);
+    writes_.Reclaim();
+  }
+  if (void* p = write_pool_.TryTake()) return static_cast<float*>(p);
+  std::lock_guard lock(mu_);
+  if (writes_.empty()) return static_cast<float*>(write_pool_.Take());  // only this thread writes
+  STRATA_ASSIGN_OR_RETURN(void* p, writes_.ReuseOldest());
+  return static_cast<float*>(p);
+}
+
+Status GradPieceStore::Write(int chunk, int p, float* buf) {
+  const SlotId slot = slot_[shape_.Key(chunk, p)];
+  std::lock_guard lock(mu_);
+  // A rewrite (the next micro-batch's sum) must not overtake the write before it.
+  Status st = writes_.WaitSlot(slot);
+  Result<IoHandle> h = st.ok() ? store_->Write(slot, buf, piece_bytes(p)) : Result<IoHandle>(st);
+  if (!h.ok()) {
+    write_pool_.Give(buf);
+    return h.status().WithContext("writing piece " + std::to_string(p) + " of the gradient shard of chunk " +
+                                  std::to_string(chunk) + " to NVMe");
+  }
+  writes_.Push(WriteBehind::Write{*h, buf, slot, -1, -1, "writing a gradient piece to NVMe"});
+  return OkStatus();
+}
+
+Result<IoHandle> GradPieceStore::Read(int chunk, int p, float* buf) {
+  const SlotId slot = slot_[shape_.Key(chunk, p)];
+  {
+    std::lock_guard lock(mu_);
+    STRATA_RETURN_IF_ERROR(writes_.WaitSlot(slot));
+  }
+  return store_->Read(slot, buf, piece_bytes(p), IoPriority::kUrgent);
+}
+
+Status GradPieceStore::Drain(bool report) {
+  std::lock_guard lock(mu_);
+  return writes_.Drain(report);
+}
+
+GradPieceReader::~GradPieceReader() { (void)Finish(); }
+
+Result<const float*> GradPieceReader::Get(int p) {
+  BufferPool& pool = store_->read_pool();
+  if (current_ != nullptr) pool.Give(current_);
+  current_ = nullptr;
+  if (ahead_piece_ == p) {
+    current_ = ahead_buf_;
+    ahead_buf_ = nullptr;
+    ahead_piece_ = -1;
+    STRATA_RETURN_IF_ERROR(ahead_.Wait());
+  } else {
+    STRATA_RETURN_IF_ERROR(Finish());  // a read ahead of another piece is of no use
+    current_ = static_cast<float*>(pool.Take());
+    STRATA_ASSIGN_OR_RETURN(IoHandle h, store_->Read(chunk_, p, current_));
+    STRATA_RETURN_IF_ERROR(h.Wait());
+  }
+  bytes_read_ += store_->piece_bytes(p);
+  // A read ahead that cannot be issued is read again, and reported, when its piece comes.
+  (void)IssueAhead(p);
+  return static_cast<const float*>(current_);
+}
+
+Status GradPieceReader::IssueAhead(int after) {
+  const PieceShape& shape = store_->shape();
+  int next = after + 1;
+  while (next < shape.pieces && !shape.Live(chunk_, next)) ++next;
+  if (next >= shape.pieces) return OkStatus();
+  float* buf = static_cast<float*>(store_->read_pool().Take());
+  Result<IoHandle> h = store_->Read(chunk_, next, buf);
+  if (!h.ok()) {
+    store_->read_pool().Give(buf);
+    return h.status();
+  }
+  ahead_ = *h;
+  ahead_buf_ = buf;
+  ahead_piece_ = next;
+  return OkStatus();
+}
+
+Status GradPieceReader::Finish() {
+  Status st;
+  if (ahead_buf_ != nullptr) {
+    st = ahead_.Wait();  // the buffer must be quiet before it goes back
+    store_->read_pool().Give(ahead_buf_);
+    ahead_buf_ = nullptr;
+    ahead_piece_ = -1;
+  }
+  if (current_ != nullptr) store_->read_pool().Give(current_);
+  current_ = nullptr;
+  return st;
+}
+
+}  // namespace strata::zero
