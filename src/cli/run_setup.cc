@@ -98,7 +98,8 @@ void PrintConfigSummary(const Config& c, const Origins& origin, const EngineLayo
               std::string(DeviceKindName(c.strata.device)).c_str(), dtype);
   std::printf("  optimizer state: %s; parameters: %s; gradients: %s\n",
               Placement(c, c.zero.offload_optimizer).c_str(), Placement(c, c.zero.offload_param).c_str(),
-              l.gradients_on_nvme                                       ? "nvme"
+              l.gradient_pieces_on_nvme ? "nvme, a piece at a time (no pinned shard fits the host budget)"
+              : l.gradients_on_nvme     ? "nvme"
               : c.zero.offload_optimizer.device == OffloadDevice::kNone ? "device"
                                                                         : "host");
   if (c.zero.offload_optimizer.device == OffloadDevice::kNvme) {
@@ -114,10 +115,11 @@ void PrintConfigSummary(const Config& c, const Origins& origin, const EngineLayo
   }
   if (c.zero.stage == 3 && c.zero.offload_param.device == OffloadDevice::kNvme) {
     if (l.params_in_optimizer_state) {
-      std::printf("  parameter shards: read from the optimizer state's master on NVMe (no parameter swap)%s\n",
-                  l.param_stream_pieces > 0
-                      ? ", streamed through pinned pieces: whole shards would not fit the host budget"
-                      : "");
+      std::printf(
+          "  parameter shards: read from the optimizer state's master on NVMe (no parameter swap)%s\n",
+          l.param_stream_pieces > 0
+              ? ", streamed through pinned pieces: whole shards would not fit the host budget"
+              : "");
     } else {
       std::printf(
           "  parameter shards in pinned host memory: %d of %d chunks (%s), the rest on NVMe; "

@@ -13,12 +13,13 @@ double Align4K(double bytes) {
 
 // The NVMe optimizer's state of one chunk's shard, as its live pieces are read and
 // written (each piece's master, m and v padded to 4 KiB).
-double StateBytesPerChunk(const EngineLayoutInfo& l, double shard) {
-  if (l.optimizer_pieces <= 0 || l.optimizer_piece_elems <= 0) return Align4K(12.0 * shard);
+// `per_elem` bytes per element: 12 for the state; 4 for gradient pieces.
+double PieceBytesPerChunk(const EngineLayoutInfo& l, double shard, double per_elem = 12) {
+  if (l.optimizer_pieces <= 0 || l.optimizer_piece_elems <= 0) return Align4K(per_elem * shard);
   double bytes = 0, left = shard;
   for (int p = 0; p < l.optimizer_pieces; ++p) {
     const double elems = std::min<double>(left, static_cast<double>(l.optimizer_piece_elems));
-    bytes += Align4K(12.0 * elems);
+    bytes += Align4K(per_elem * elems);
     left -= elems;
   }
   // Pieces wholly in padding move nothing; spread over the chunks they belong to.
@@ -63,13 +64,14 @@ LaneWork PredictTraffic(const Config& c, int world_size, const EngineLayoutInfo&
   if (stage == 3 && par_dev == OffloadDevice::kNone) w.copy_bytes += chunks * opt * cs;
   if (opt_dev == OffloadDevice::kNvme) {
     const double on_disk = chunks - l.optimizer_resident_chunks;
-    w.nvme_read_bytes += on_disk * StateBytesPerChunk(l, opt);
-    w.nvme_write_bytes += on_disk * StateBytesPerChunk(l, opt);
-    if (l.gradients_on_nvme && a > 1) {
+    w.nvme_read_bytes += on_disk * PieceBytesPerChunk(l, opt);
+    w.nvme_write_bytes += on_disk * PieceBytesPerChunk(l, opt);
+    if (l.gradients_on_nvme && (a > 1 || l.gradient_pieces_on_nvme)) {
       // Each micro-batch's gradients are written, read back by the next one's to add to,
-      // and by the step; with one micro-batch they go straight to the step. A resident
-      // chunk's gradients wait in host memory.
-      const double slot = Align4K(opt * 4);
+      // and by the step; with one micro-batch they go straight to the step, unless they
+      // go to NVMe in pieces (no pinned shard holds them). A resident chunk's gradients
+      // wait in host memory.
+      const double slot = l.gradient_pieces_on_nvme ? PieceBytesPerChunk(l, opt, 4) : Align4K(opt * 4);
       w.nvme_write_bytes += a * on_disk * slot;
       w.nvme_read_bytes += a * on_disk * slot;
     }
@@ -80,7 +82,8 @@ LaneWork PredictTraffic(const Config& c, int world_size, const EngineLayoutInfo&
     // updated shard the step left in memory (fresh_param_shards).
     const double on_disk = chunks - l.param_resident_chunks;
     const double from_disk = std::max(0.0, gathers * on_disk / chunks - l.fresh_param_shards);
-    const double shard_read = l.params_in_optimizer_state ? shard * 4 : shard * cs;
+    // From the master: the live pieces' (a piece wholly in padding is not read).
+    const double shard_read = l.params_in_optimizer_state ? PieceBytesPerChunk(l, shard, 4) : shard * cs;
     w.nvme_read_bytes += from_disk * shard_read;
     w.nvme_param_read_bytes = from_disk * shard_read;
     if (!l.params_in_optimizer_state) w.nvme_write_bytes += on_disk * chunks * opt * cs;

@@ -203,6 +203,53 @@ TEST(TrafficTest, EveryGatherReadsTheDiskButTheFreshShards) {
   }
 }
 
+// Streamed shards (stage 3, fp32, both on NVMe, a host budget too small for whole ones):
+// every gather reads the disk, and with gradient pieces each gradient piece is written
+// and read back once a step. The least budget that plans gives pieces; a larger one, one
+// pinned gradient shard.
+TEST(TrafficTest, StreamedShardsReadEveryGatherAndGradientPiecesGoThroughTheDisk) {
+  model::MlpSpec spec;
+  spec.input_dim = 128;
+  spec.hidden.assign(5, 128);
+  spec.output_dim = 128;
+  spec.seed = 3;
+  auto config = [](uint64_t budget) {
+    return MakeConfig({3, "nvme", "nvme", 0}, R"({"strata": {"overlap": true, "host_budget": )" +
+                                                  std::to_string(budget) +
+                                                  R"(}, "zero_optimization": {"sub_group_size": 1024}})");
+  };
+  int modes_seen = 0;
+  bool pieces_seen = false;
+  for (uint64_t budget = 64 * 1024; budget <= 4 * 1024 * 1024 && modes_seen < 2; budget += 8 * 1024) {
+    auto world = CreateMirrorWorld(1);
+    ASSERT_TRUE(world.ok());
+    const Config c = config(budget);
+    Result<ModelEngine> e = CreateMlpEngine(**world, c, spec, nullptr);
+    if (!e.ok()) continue;
+    const EngineLayoutInfo& l = e->engine->layout_info();
+    ASSERT_GT(l.param_stream_pieces, 0) << "the least budgets must stream, at " << budget;
+    if (l.gradient_pieces_on_nvme == pieces_seen) continue;  // the same mode as before
+    if (modes_seen == 0) {
+      EXPECT_TRUE(l.gradient_pieces_on_nvme) << "the least budget takes gradient pieces";
+    }
+    pieces_seen = l.gradient_pieces_on_nvme;
+    ++modes_seen;
+    zero::TrainSpec train;
+    train.model = spec;
+    train.steps = 3;
+    train.micro_batch = 8;
+    Result<zero::TrainLog> log = zero::TrainWithEngine(*e->engine, **world, c, train);
+    ASSERT_TRUE(log.ok()) << log.status().ToString();
+    const StepResult& r = log->results[2];
+    const LaneWork w = PredictTraffic(c, 1, l);
+    const std::string mode = l.gradient_pieces_on_nvme ? "gradient pieces" : "one gradient shard";
+    EXPECT_EQ(l.fresh_param_shards, 0) << mode;
+    EXPECT_EQ(w.nvme_read_bytes, static_cast<double>(r.bytes_nvme_read)) << mode;
+    EXPECT_EQ(w.nvme_write_bytes, static_cast<double>(r.bytes_nvme_written)) << mode;
+  }
+  EXPECT_EQ(modes_seen, 2) << "both streamed modes between 64 KiB and 4 MiB";
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Combos, TrafficTest,
     ::testing::Values(Combo{0, "none", "none"}, Combo{1, "cpu", "none"}, Combo{2, "cpu", "none", 0, 2},
