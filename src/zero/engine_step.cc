@@ -17,6 +17,12 @@ namespace strata {
 // memory when the optimizer state lives there, else into a pinned staging buffer that
 // PublishParams moves on.
 void* Engine::Impl::Out16Target(int chunk, bool* on_host) {
+  if (param_from_master) {
+    // No compute copy to write: the master is the shard (a resident chunk's gathers copy
+    // it from memory), and a staging buffer may be smaller than a shard (stream_pieces).
+    *on_host = false;
+    return nullptr;
+  }
   if (OptTierOf(chunk) == ZeroTier::kDevice && stage < 3) {
     *on_host = false;
     return static_cast<uint8_t*>(param_full) + (chunk * layout.chunk_elems + opt_offset) * csize;

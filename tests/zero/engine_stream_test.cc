@@ -132,5 +132,30 @@ TEST(EngineStream, StreamedRunsWithClippingEqualTheReference) {
   CheckStreamedRuns(true, R"(, "gradient_clipping": 0.05)", "clipping");
 }
 
+// Chunks kept in memory (strata.optimizer_resident) beside streamed shards step on the
+// memory path; their gathers copy the master from memory, so no compute copy is written.
+TEST(EngineStream, ChunksKeptInMemoryBesideStreamedShardsEqualTheReference) {
+  const zero::TrainSpec spec = WideSpec();
+  auto config = [](uint64_t bytes) {
+    return MakeConfig(kBothOnNvme, R"({"strata": {"optimizer_resident": 0.5, "host_budget": )" +
+                                       std::to_string(bytes) + "}}");
+  };
+  uint64_t budget = 0;
+  for (uint64_t bytes = 64 * 1024; bytes <= 16 * 1024 * 1024 && budget == 0; bytes += 4 * 1024) {
+    auto plan = PlanOnly(config(bytes), spec);
+    if (plan.ok()) budget = bytes;
+  }
+  ASSERT_GT(budget, 0u) << "no budget up to 16 MiB plans half the chunks in memory";
+  auto plan = PlanOnly(config(budget), spec);
+  ASSERT_TRUE(plan.ok());
+  ASSERT_GT(plan->param_stream_pieces, 0) << "the least budget must stream";
+  ASSERT_GT(plan->optimizer_resident_chunks, 0);
+  auto ref = zero::TrainReference(MakeConfig({0, "none", "none"}), spec, World().size());
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  EngineRun run = RunEngine(World(), config(budget), spec);
+  ExpectMatchesReference(run, *ref, 1e-5, kAtol, kRtol, "streamed with resident chunks");
+  for (const auto& r : run.log.results) EXPECT_LE(r.host_high_water, budget);
+}
+
 }  // namespace
 }  // namespace strata::testing
