@@ -191,6 +191,7 @@ Engine::~Engine() {
   s.param_store.reset();
   s.grad_store.reset();
   s.grad_pieces.reset();
+  s.param_pieces.reset();
   s.io.reset();
   if (s.arena) {
     for (const auto& b : s.host_blocks) s.arena->Free(b);
@@ -294,6 +295,8 @@ Status Engine::Impl::InitParams(const ParamInit& init) {
                                           c16.data(), l.chunk_elems * csize));
     } else if (param_from_master) {
       STRATA_RETURN_IF_ERROR(PublishParams(c, nullptr, /*from_host=*/true));  // the master below is it
+    } else if (StreamsParams16()) {
+      STRATA_RETURN_IF_ERROR(PublishParams(c, c16.data() + rank * l.shard_elems * csize, /*from_host=*/true));
     } else {
       // Through pinned staging: the NVMe tier needs aligned, registered buffers.
       void* staged = param_staging.Take();

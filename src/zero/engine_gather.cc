@@ -68,15 +68,36 @@ uint64_t Engine::Impl::ShardReadBytes(int chunk, int first, int end) const {
 
 Status Engine::Impl::StreamShard(int chunk, uint8_t* dst, uint8_t* staged) {
   STRATA_RETURN_IF_ERROR(WaitParamWrite(chunk));
-  int version;
-  {
+  int version = 0;
+  if (param_from_master) {
     std::lock_guard lock(param_write_mu);
     version = param_source[chunk].version;  // one version for every half
   }
   const int pieces = piece_shape.pieces, per = stream_pieces;
-  const uint64_t half_bytes = static_cast<uint64_t>(per) * piece_shape.piece_elems * 4;
-  auto half = [&](int first) { return staged + (first / per % 2) * half_bytes; };
-  auto reads = ReadMasterPieces(chunk, version, half(0), 0, std::min(per, pieces));
+  // Pieces sit a slot apart in a half (for the master's, exactly a piece apart).
+  const uint64_t stride = zero::PieceSwap::SlotBytes(piece_shape, csize);
+  auto half = [&](int first) { return staged + (first / per % 2) * per * stride; };
+  auto read = [&](int first) -> Result<std::vector<IoHandle>> {
+    const int end = std::min(first + per, pieces);
+    if (param_from_master) return ReadMasterPieces(chunk, version, half(first), first, end);
+    std::vector<IoHandle> reads;
+    for (int p = first; p < end; ++p) {
+      uint8_t* to = half(first) + (p - first) * stride;
+      if (!piece_shape.Live(chunk, p)) {
+        std::memset(to, 0, piece_shape.Elems(p) * csize);  // never written: zeros
+        continue;
+      }
+      auto h = param_pieces->Read(chunk, p, reinterpret_cast<float*>(to));
+      if (!h.ok()) {
+        for (const IoHandle& r : reads) (void)r.Wait();  // the half is reused only when quiet
+        return h.status();
+      }
+      reads.push_back(*h);
+      bytes_nvme_read += param_pieces->piece_bytes(p);
+    }
+    return reads;
+  };
+  auto reads = read(0);
   STRATA_RETURN_IF_ERROR(reads.status());
   Status st;
   for (int first = 0; first < pieces; first += per) {
@@ -86,14 +107,12 @@ Status Engine::Impl::StreamShard(int chunk, uint8_t* dst, uint8_t* staged) {
       if (st.ok()) st = done;
     }
     reads = std::vector<IoHandle>{};
-    if (st.ok() && end < pieces)
-      reads = ReadMasterPieces(chunk, version, half(end), end, std::min(end + per, pieces));
+    if (st.ok() && end < pieces) reads = read(end);
     if (st.ok()) st = reads.status();
-    if (st.ok()) {
-      bytes_nvme_read += ShardReadBytes(chunk, first, end);
-      const int64_t begin = first * piece_shape.piece_elems;
-      const int64_t elems = std::min<int64_t>(end * piece_shape.piece_elems, piece_shape.opt_elems) - begin;
-      st = CopyToDevice(dst + begin * 4, half(first), elems * 4);
+    if (param_from_master && st.ok()) bytes_nvme_read += ShardReadBytes(chunk, first, end);
+    for (int p = first; st.ok() && p < end; ++p) {
+      st = CopyToDevice(dst + p * piece_shape.piece_elems * csize, half(first) + (p - first) * stride,
+                        piece_shape.Elems(p) * csize);
     }
     if (!st.ok()) {
       if (reads.ok()) {

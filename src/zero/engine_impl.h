@@ -35,7 +35,6 @@
 #include "zero/clock.h"
 #include "zero/device_ops.h"
 #include "zero/engine_planner.h"
-#include "zero/grad_pieces.h"
 #include "zero/grad_reducer.h"
 #include "zero/layout.h"
 #include "zero/memory_optimizer.h"
@@ -43,6 +42,7 @@
 #include "zero/overlap_tuner.h"
 #include "zero/param_gatherer.h"
 #include "zero/piece_plan.h"
+#include "zero/piece_swap.h"
 #include "zero/save_gate.h"
 #include "zero/serial_worker.h"
 #include "zero/trace.h"
@@ -106,8 +106,10 @@ struct Engine::Impl {
       param_store;  // 16-bit param shard per chunk (stage 3; not with param_from_master)
   std::unique_ptr<NvmeStore> grad_store;  // fp32 gradient shard per chunk (grad_tier nvme)
   // ... or a slot per piece (stream_grads: shards too large for a pinned one).
-  std::unique_ptr<zero::GradPieceStore> grad_pieces;
+  std::unique_ptr<zero::PieceSwap> grad_pieces;
   bool stream_grads = false;
+  // Streamed 16-bit shards (StreamsParams16): their swap, a slot per piece.
+  std::unique_ptr<zero::PieceSwap> param_pieces;
   int rank = 0, world_size = 1;
   int stage = 0;
   ZeroTier opt_tier = ZeroTier::kDevice;    // master, m, v
@@ -231,6 +233,17 @@ struct Engine::Impl {
   Pool param_staging;
   uint64_t param_stage_bytes = 0;
   int stream_pieces = 0;
+  // Streamed bf16 or fp16 shards, which have a swap of their own (param_pieces).
+  bool StreamsParams16() const { return stream_pieces > 0 && !param_from_master; }
+  // A shard of compute values (any host memory) to param_pieces through its pinned
+  // pieces; returns once it is on disk.
+  Status WriteShardPieces(int chunk, const uint8_t* src);
+  // Out16Target's shard where staging holds only pieces (StreamsParams16): heap memory,
+  // used by one stepping thread at a time.
+  std::vector<uint8_t> out16_scratch;
+  // Gives an Out16Target buffer back (to param_staging, unless it is the scratch).
+  void ReleaseOut16(void* out, bool on_host);
+  void SetPieceOutputs(int chunk, zero::OptimizerStep& args);  // engine_nvme_step.cc
   // Parameters on NVMe too: the step assembles a chunk's new 16-bit shard here, piece by
   // piece, and writes it behind (nothing waits for it before the next forward).
   Pool out16_staging;
@@ -434,7 +447,9 @@ struct Engine::Impl {
   Status AccumulateGradOnNvme(int chunk, const float* part, bool first_in_window, bool last_micro_batch);
   // The same a piece at a time through grad_pieces (stream_grads).
   Status AccumulateGradPieces(int chunk, const float* part, bool first_in_window, bool last_micro_batch);
-  Status OpenGradPieces(NvmeStoreOptions so);  // OpenGradStore's, with stream_grads
+  Status OpenGradPieces(NvmeStoreOptions so);
+  Status OpenParamPieces(NvmeStoreOptions so);  // OpenNvmeStores' swap, with StreamsParams16  //
+                                                // OpenGradStore's, with stream_grads
   // dst[i] += part[i] for `elems` values (opt_elems when -1): `part` on the device, `dst`
   // in host memory, through host_recv a piece at a time. Comm worker only (host_recv is
   // its own).

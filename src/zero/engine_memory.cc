@@ -270,6 +270,25 @@ Status Engine::Impl::AllocateShards(const zero::EnginePlan& plan) {
   return OkStatus();
 }
 
+Status Engine::Impl::OpenParamPieces(NvmeStoreOptions so) {
+  std::vector<uint8_t> on_disk(layout.num_chunks, 0);
+  int live = 0;
+  for (int c = 0; c < layout.num_chunks; ++c) {
+    on_disk[c] = !ParamResident(c);
+    for (int p = 0; on_disk[c] && p < piece_shape.pieces; ++p) live += piece_shape.Live(c, p);
+  }
+  so.slot_size = zero::PieceSwap::SlotBytes(piece_shape, csize);
+  so.slot_count = live;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<NvmeStore> store, NvmeStore::Open(*io, so));
+  STRATA_ASSIGN_OR_RETURN(param_pieces,
+                          zero::PieceSwap::Create(std::move(store), piece_shape, on_disk, csize));
+  for (int i = 0; i < zero::kStreamWritePieces; ++i) {
+    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(so.slot_size, "parameter pieces on their way to NVMe"));
+    param_pieces->AddWriteBuffer(static_cast<float*>(p));
+  }
+  return OkStatus();
+}
+
 Status Engine::Impl::OpenNvmeStores() {
   if (opt_tier != ZeroTier::kNvme && param_tier != ZeroTier::kNvme) return OkStatus();
   IoEngineOptions io_options = IoEngineOptions::FromConfig(config);
@@ -299,6 +318,7 @@ Status Engine::Impl::OpenNvmeStores() {
     so.slot_size = zero::Align4K(layout.shard_elems * csize);
     so.slot_count = params_on_disk;
     so.checksum = config.strata.checksum;
+    if (StreamsParams16()) return OpenParamPieces(so);
     STRATA_ASSIGN_OR_RETURN(param_store, NvmeStore::Open(*io, so));
     for (int c = 0; c < static_cast<int>(n_chunks); ++c) {
       if (ParamResident(c)) continue;

@@ -121,7 +121,9 @@ Status Engine::Impl::WaitNvmeWrites(bool report) {
   Status params = param_writes.Drain(report, [this](void* buf) { ForgetFreshBuffer(buf); });
   if (first.ok()) first = params;
   Status grads = grad_pieces ? grad_pieces->Drain(report) : OkStatus();
-  return first.ok() ? grads : first;
+  if (first.ok()) first = grads;
+  Status params16 = param_pieces ? param_pieces->Drain(report) : OkStatus();
+  return first.ok() ? params16 : first;
 }
 
 Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative, int next_chunk,
@@ -138,8 +140,8 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
         " must be stepped from its gradient on NVMe, which was not written (a speculative step "
         "was expected to use it)");
   }
-  // Streamed: a piece at a time, as the optimizer asks for them (grad_pieces.h).
-  std::optional<zero::GradPieceReader> pieces;
+  // Streamed: a piece at a time, as the optimizer asks for them (piece_swap.h).
+  std::optional<zero::PieceReader> pieces;
   if (read_grad && stream_grads) pieces.emplace(grad_pieces.get(), chunk);
   float* grad_buf = nullptr;
   IoHandle grad_read;
@@ -158,7 +160,8 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
   void* out = nullptr;
   Status s;
   if (publish_behind && stream_pieces > 0) {
-    // Nothing to keep: the next gather reads the master this step writes.
+    // Nothing to keep: the next gather reads the master this step writes, or the pieces
+    // SetPieceOutputs writes.
   } else if (publish_behind) {
     auto taken = TakeOut16Staging();
     if (taken.ok())
@@ -175,6 +178,7 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
     if (s.ok()) bytes_nvme_read += grad_slot_bytes;
   }
   zero::OptimizerStep args = StepArgs(chunk, grad_scale, speculative, next_chunk);
+  if (publish_behind && StreamsParams16()) SetPieceOutputs(chunk, args);
   if (pieces) {
     args.grad_piece = [&](int p) -> Result<const float*> {
       const int64_t t0 = NowNs();
@@ -197,7 +201,7 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
     if (!s.ok()) (void)grad_read.Wait();  // the buffer must be quiet before reuse
     grad_host.Give(grad_buf);
   }
-  s = PlaceSteppedShard(chunk, out, on_host, s);
+  if (!(publish_behind && StreamsParams16())) s = PlaceSteppedShard(chunk, out, on_host, s);
   if (!s.ok()) return s.WithContext("NVMe optimizer step of chunk " + std::to_string(chunk));
   if (!overlap) STRATA_RETURN_IF_ERROR(WaitNvmeWrites());
   if (speculative) {
@@ -209,6 +213,39 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
     SyncParamSource(chunk);
   }
   return OkStatus();
+}
+
+Status Engine::Impl::WriteShardPieces(int chunk, const uint8_t* src) {
+  for (int p = 0; p < piece_shape.pieces; ++p) {
+    if (!piece_shape.Live(chunk, p)) continue;  // the gathers zero it
+    STRATA_ASSIGN_OR_RETURN(float* buf, param_pieces->TakeWriteBuffer());
+    std::memcpy(buf, src + p * piece_shape.piece_elems * csize, piece_shape.Elems(p) * csize);
+    STRATA_RETURN_IF_ERROR(param_pieces->Write(chunk, p, buf).WithContext("writing parameters to NVMe"));
+    bytes_nvme_written += param_pieces->piece_bytes(p);
+  }
+  return param_pieces->WaitChunk(chunk).WithContext("writing parameters to NVMe");
+}
+
+// Streamed 16-bit shards: the step's compute values of each live piece go to its slot
+// behind (or into the shard kept in memory), through param_pieces' pinned pieces.
+void Engine::Impl::SetPieceOutputs(int chunk, zero::OptimizerStep& args) {
+  args.out_piece = [this](int) -> Result<void*> {
+    STRATA_ASSIGN_OR_RETURN(float* buf, param_pieces->TakeWriteBuffer());
+    return static_cast<void*>(buf);
+  };
+  args.piece_done = [this, chunk](int p, void* buf, bool ok) -> Status {
+    auto* piece = static_cast<float*>(buf);
+    if (ok && ParamResident(chunk)) {
+      std::memcpy(static_cast<uint8_t*>(param_shard[chunk].ptr) + p * piece_shape.piece_elems * csize, buf,
+                  piece_shape.Elems(p) * csize);
+    } else if (ok) {
+      Status st = param_pieces->Write(chunk, p, piece);  // the buffer comes back once on disk
+      if (st.ok()) bytes_nvme_written += param_pieces->piece_bytes(p);
+      return st.WithContext("writing parameters to NVMe");
+    }
+    param_pieces->GiveWriteBuffer(piece);
+    return OkStatus();
+  };
 }
 
 Status Engine::Impl::PlaceSteppedShard(int chunk, void* out, bool on_host, Status s) {
@@ -243,7 +280,7 @@ Status Engine::Impl::PlaceSteppedShard(int chunk, void* out, bool on_host, Statu
     if (out != nullptr) out16_staging.Give(out);
   } else if (out != nullptr) {
     if (s.ok()) s = PublishParams(chunk, out, on_host);
-    if (on_host) param_staging.Give(out);
+    ReleaseOut16(out, on_host);
   }
   return s;
 }

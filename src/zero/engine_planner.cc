@@ -152,7 +152,7 @@ void EnginePlanner::PlanHostNeed() {
   // fit, and only where it saves something (a shard of more than two halves). Where
   // that one shard does not fit either, the gradients go to disk and back in pieces,
   // which costs a write and a read of 4 bytes per parameter each step.
-  const bool helps = out_.param_from_master && out_.pieces.pieces > 2 * kStreamPieces;
+  const bool helps = out_.publish_behind && out_.pieces.pieces > 2 * kStreamPieces;
   auto fits = [&] { return out_.host.Total() <= out_.host_budget.bytes; };
   if (!helps || fits()) return;
   out_.host = TierNeed{ZeroTier::kHost, {}};
@@ -163,9 +163,12 @@ void EnginePlanner::PlanHostNeed() {
 }
 
 uint64_t EnginePlanner::GradDiskBytes() const {
-  if (!out_.stream_grads) return out_.grad_slot_bytes;
+  return out_.stream_grads ? PiecesDiskBytes(4) : out_.grad_slot_bytes;
+}
+
+uint64_t EnginePlanner::PiecesDiskBytes(size_t elem_bytes) const {
   uint64_t bytes = 0;
-  for (int p = 0; p < out_.pieces.pieces; ++p) bytes += Align4K(out_.pieces.Elems(p) * 4);
+  for (int p = 0; p < out_.pieces.pieces; ++p) bytes += Align4K(out_.pieces.Elems(p) * elem_bytes);
   return bytes;
 }
 
@@ -177,7 +180,7 @@ void EnginePlanner::PlanHostNeedAs(bool stream, bool stream_grads) {
   out_.grad_tier = opt_tier_ == ZeroTier::kDevice ? ZeroTier::kDevice : ZeroTier::kHost;
   out_.stream_pieces = stream ? kStreamPieces : 0;
   out_.stream_grads = false;
-  out_.param_stage_bytes = stream ? Align4K(2ull * kStreamPieces * out_.pieces.piece_elems * csize_) : out16;
+  out_.param_stage_bytes = stream ? 2ull * kStreamPieces * PieceSlotBytes(csize_) : out16;
   if (stage_ == 3 && param_tier_ == ZeroTier::kHost) {
     h.Add(Part("the " + dt + " parameter shards", n_chunks * Align4K(l.shard_elems * csize_),
                NeedScale::kModel, "offload_param.device \"nvme\"", true));
@@ -217,6 +220,12 @@ void EnginePlanner::PlanHostNeedAs(bool stream, bool stream_grads) {
                recv, whole ? NeedScale::kChunk : NeedScale::kFixed, "", whole));
   }
   out_.host_budget = facts_.host_budget(h.Total() > 0);
+  if (stream && !out_.param_from_master) {
+    h.Add(Part("pinned pieces of " + dt + " parameters on their way to NVMe (" +
+                   std::to_string(kStreamWritePieces) + ")",
+               kStreamWritePieces * PieceSlotBytes(csize_), NeedScale::kFixed,
+               "lower zero_optimization.sub_group_size (smaller NVMe optimizer pieces)"));
+  }
   if (out_.publish_behind && !stream) {
     h.Add(Part(std::to_string(kOut16Staging) + " " + dt + " parameter shards on their way to NVMe",
                kOut16Staging * out16, NeedScale::kChunk, "", true));
@@ -294,10 +303,12 @@ void EnginePlanner::PlanNvmeNeed() {
   const std::string opt_disks = more_disks(oo, "zero_optimization.offload_optimizer.nvme_path");
   if (stage_ == 3 && param_tier_ == ZeroTier::kNvme && !out_.param_from_master) {
     const OffloadConfig& op = config_.zero.offload_param;
-    out_.nvme.Add(Part("the " + std::string(DTypeName(compute_)) + " parameter shards",
-                       n_chunks * Align4K(l.shard_elems * csize_), NeedScale::kModel,
-                       more_disks(op, "zero_optimization.offload_param.nvme_path"), true,
-                       SwapPaths(config_, op)));
+    out_.nvme.Add(
+        Part("the " + std::string(DTypeName(compute_)) + " parameter shards" +
+                 (out_.stream_pieces > 0 ? ", a slot per piece" : ""),
+             n_chunks * (out_.stream_pieces > 0 ? PiecesDiskBytes(csize_) : Align4K(l.shard_elems * csize_)),
+             NeedScale::kModel, more_disks(op, "zero_optimization.offload_param.nvme_path"), true,
+             SwapPaths(config_, op)));
   }
   if (opt_tier_ == ZeroTier::kNvme) {
     out_.nvme.Add(Part("the optimizer state (fp32 master, m and v, in two slots: committed and next)",

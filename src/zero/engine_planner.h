@@ -37,10 +37,13 @@ inline constexpr int kOut16Staging = 2;
 // pinned need then stops growing with the module, but for that one gradient shard.
 inline constexpr int kStreamPieces = 4;
 // Streamed shards whose one pinned gradient shard does not fit either: the gradient goes
-// to NVMe and back in pieces (grad_pieces.h), through this many pinned pieces on the way
+// to NVMe and back in pieces (piece_swap.h), through this many pinned pieces on the way
 // out and two on the way back (the piece stepped and the next).
 inline constexpr int kGradWritePieces = 4;
 inline constexpr int kGradReadPieces = 2;
+// Streamed bf16 or fp16 shards (a parameter swap of their own): the step's new 16-bit
+// values go to it a piece at a time, behind, through this many pinned pieces.
+inline constexpr int kStreamWritePieces = 4;
 // A reduced gradient reaches a host-side shard through pinned staging of at most this
 // much (and at most sub_group_size values), a piece at a time, so the staging does not
 // grow with the module.
@@ -89,7 +92,7 @@ struct EnginePlan {
   // stream_pieces pieces); stream_pieces 0: whole shards (kStreamPieces).
   uint64_t param_stage_bytes = 0;
   int stream_pieces = 0;
-  bool stream_grads = false;  // gradient shards to NVMe and back in pieces (grad_pieces.h)
+  bool stream_grads = false;  // gradient shards to NVMe and back in pieces (piece_swap.h)
   GatherPlan gather;          // stage 3
   // What each tier will hold, optional parts included; NVMe: only the chunks on disk.
   uint64_t device_need = 0, host_need = 0, nvme_need = 0;
@@ -112,6 +115,10 @@ class EnginePlanner {
   void PlanHostNeedAs(bool stream, bool stream_grads);
   // NVMe bytes of one chunk's gradient shard: one slot, or a slot per piece.
   uint64_t GradDiskBytes() const;
+  // A chunk's live and dead pieces of `elem_bytes` each, a 4 KiB-aligned slot per piece.
+  uint64_t PiecesDiskBytes(size_t elem_bytes) const;
+  // One piece of `elem_bytes` per element, 4 KiB aligned: a slot and a pinned buffer.
+  uint64_t PieceSlotBytes(size_t elem_bytes) const { return Align4K(out_.pieces.piece_elems * elem_bytes); }
   // strata.optimizer_resident set: adds the state of the chunks it asks for to the host
   // need `h`; their count (0 when unset). PlanExtras marks which (residency_plan.h).
   int PlanExplicitResidency(TierNeed& h);

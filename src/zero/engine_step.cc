@@ -28,7 +28,15 @@ void* Engine::Impl::Out16Target(int chunk, bool* on_host) {
     return static_cast<uint8_t*>(param_full) + (chunk * layout.chunk_elems + opt_offset) * csize;
   }
   *on_host = true;
+  if (StreamsParams16()) {
+    out16_scratch.resize(opt_elems * csize);
+    return out16_scratch.data();
+  }
   return param_staging.Take();
+}
+
+void Engine::Impl::ReleaseOut16(void* out, bool on_host) {
+  if (on_host && out != out16_scratch.data()) param_staging.Give(out);
 }
 
 // Moves this rank's updated compute values of `chunk` (opt_elems of them at src) to
@@ -49,6 +57,7 @@ Status Engine::Impl::PublishParams(int chunk, const void* src, bool from_host) {
       SetFresh(chunk, nullptr);  // a shard written behind earlier is stale now
       // The gather reads the committed master itself (SyncParamSource points at it).
       if (param_from_master) return OkStatus();
+      if (StreamsParams16()) return WriteShardPieces(chunk, static_cast<const uint8_t*>(src));
       auto h = param_store->Write(param_shard[chunk].slot, src, bytes);
       STRATA_RETURN_IF_ERROR((h.ok() ? h->Wait() : h.status()).WithContext("writing parameters to NVMe"));
       bytes_nvme_written += bytes;
@@ -101,7 +110,7 @@ Status Engine::Impl::StepChunk(int chunk, float grad_scale, bool speculative, in
        span_start);
   const bool taken = stepped.ok() && *stepped;
   if (s.ok() && taken && publish) s = PublishParams(chunk, out, on_host);
-  if (on_host) param_staging.Give(out);
+  ReleaseOut16(out, on_host);
   if (speculative && taken) {
     o.has_pending = true;
     o.speculated = true;
@@ -187,7 +196,7 @@ Status Engine::Impl::RestoreParams(int chunk) {
   Status s =
       on_host ? OkStatus() : ops->WriteFromHost(zero::OpsLane::kTraining, out, rounded, opt_elems * csize);
   if (s.ok()) s = PublishParams(chunk, out, on_host);
-  if (on_host) param_staging.Give(out);
+  ReleaseOut16(out, on_host);
   return s;
 }
 

@@ -188,6 +188,14 @@ Result<bool> NvmeOptimizer::Step(const OptimizerStep& a, const float* grad, void
       if (!a.grad_piece) return InternalError("NVMe optimizer: a step without a gradient");
       STRATA_ASSIGN_OR_RETURN(g, a.grad_piece(p));
     }
+    if (out_p == nullptr && a.out_piece) {
+      STRATA_ASSIGN_OR_RETURN(void* buf, a.out_piece(p));
+      Status st = StepPiece(a, p, g, buf);
+      Status done = a.piece_done(p, buf, st.ok());
+      STRATA_RETURN_IF_ERROR(st);
+      STRATA_RETURN_IF_ERROR(done);
+      continue;
+    }
     STRATA_RETURN_IF_ERROR(StepPiece(a, p, g, out_p));
   }
   return true;

@@ -64,8 +64,9 @@ class NvmeOptimizer final : public OptimizerBackend {
   ZeroTier tier() const override { return ZeroTier::kNvme; }
   // Steps every live piece of the chunk with `grad` (opt_elems values, host memory) into
   // `out` (its compute values, host memory; dead pieces' are zeroed; null in fp32 when
-  // no one needs them, as the master is the copy; `grad` null: a.grad_piece gives each
-  // piece's). The new state goes
+  // no one needs them, as the master is the copy, or each live piece's through
+  // a.out_piece and a.piece_done; `grad` null: a.grad_piece gives each piece's). The new
+  // state goes
   // to the version that is not current, written behind. Always true.
   Result<bool> Step(const OptimizerStep& a, const float* grad, void* out) override;
   // The version the last StepChunk wrote becomes current once its writes are on disk.

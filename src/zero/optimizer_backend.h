@@ -35,6 +35,11 @@ struct OptimizerStep {
   // The NVMe backend with a null `grad`: piece p's fp32 gradient, asked for in ascending
   // order on the stepping thread; valid until the next call.
   std::function<Result<const float*>(int piece)> grad_piece;
+  // The NVMe backend with a null `out` and these set: where live piece p's compute values
+  // go, and what becomes of them once written (ok false: the step failed, and the
+  // buffer only goes back).
+  std::function<Result<void*>(int piece)> out_piece;
+  std::function<Status(int piece, void* buf, bool ok)> piece_done;
 };
 
 class OptimizerBackend {

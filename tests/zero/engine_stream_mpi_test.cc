@@ -15,6 +15,9 @@ TEST(EngineStreamMpi, StreamedRunsEqualTheReferenceAndTheWholeShardRun) {
 TEST(EngineStreamMpi, StreamedRunsWithClippingEqualTheReference) {
   CheckStreamedRuns(World(), true, R"(, "gradient_clipping": 0.05)", "clipping");
 }
+TEST(EngineStreamMpi, Bf16RunsHaveASwapOfPieces) {
+  CheckStreamedRuns(World(), true, R"(, "bf16": {"enabled": true})", "bf16");
+}
 TEST(EngineStreamMpi, ChunksKeptInMemoryBesideStreamedShardsEqualTheReference) {
   CheckStreamedWithResidentChunks(World());
 }

@@ -16,6 +16,16 @@ TEST(EngineStream, StreamedSerialRunsEqualTheReference) {
 TEST(EngineStream, StreamedRunsWithClippingEqualTheReference) {
   CheckStreamedRuns(World(), true, R"(, "gradient_clipping": 0.05)", "clipping");
 }
+TEST(EngineStream, Bf16ModesAndRunsHaveASwapOfPieces) {
+  CheckStreamModes(World(), R"(, "bf16": {"enabled": true})");
+  CheckStreamedRuns(World(), true, R"(, "bf16": {"enabled": true})", "bf16");
+}
+// Overflowing fp16 steps are skipped: the speculative pieces written are put back from
+// the master (RestoreParams through the piece swap).
+TEST(EngineStream, Fp16OverflowSkipsAndRestoresThePieces) {
+  CheckStreamedRuns(World(), true, R"(, "fp16": {"enabled": true, "initial_scale_power": 24})",
+                    "fp16 overflow");
+}
 TEST(EngineStream, ChunksKeptInMemoryBesideStreamedShardsEqualTheReference) {
   CheckStreamedWithResidentChunks(World());
 }

@@ -1,16 +1,16 @@
-#include "zero/grad_pieces.h"
+#include "zero/piece_swap.h"
 
 #include <string>
 
 namespace strata::zero {
 
-GradPieceStore::GradPieceStore(std::unique_ptr<NvmeStore> store, const PieceShape& shape)
-    : store_(std::move(store)), shape_(shape) {}
+PieceSwap::PieceSwap(std::unique_ptr<NvmeStore> store, const PieceShape& shape, size_t elem_bytes)
+    : store_(std::move(store)), shape_(shape), elem_bytes_(elem_bytes) {}
 
-Result<std::unique_ptr<GradPieceStore>> GradPieceStore::Create(std::unique_ptr<NvmeStore> store,
-                                                               const PieceShape& shape,
-                                                               const std::vector<uint8_t>& on_disk) {
-  std::unique_ptr<GradPieceStore> s(new GradPieceStore(std::move(store), shape));
+Result<std::unique_ptr<PieceSwap>> PieceSwap::Create(std::unique_ptr<NvmeStore> store,
+                                                     const PieceShape& shape,
+                                                     const std::vector<uint8_t>& on_disk, size_t elem_bytes) {
+  std::unique_ptr<PieceSwap> s(new PieceSwap(std::move(store), shape, elem_bytes));
   s->slot_.assign(on_disk.size() * shape.pieces, 0);
   for (size_t c = 0; c < on_disk.size(); ++c) {
     if (!on_disk[c]) continue;
@@ -22,7 +22,7 @@ Result<std::unique_ptr<GradPieceStore>> GradPieceStore::Create(std::unique_ptr<N
   return s;
 }
 
-Result<float*> GradPieceStore::TakeWriteBuffer() {
+Result<float*> PieceSwap::TakeWriteBuffer() {
   {
     std::lock_guard lock(mu_);
     writes_.Reclaim();
@@ -34,7 +34,7 @@ Result<float*> GradPieceStore::TakeWriteBuffer() {
   return static_cast<float*>(p);
 }
 
-Status GradPieceStore::Write(int chunk, int p, float* buf) {
+Status PieceSwap::Write(int chunk, int p, float* buf) {
   const SlotId slot = slot_[shape_.Key(chunk, p)];
   std::lock_guard lock(mu_);
   // A rewrite (the next micro-batch's sum) must not overtake the write before it.
@@ -42,14 +42,14 @@ Status GradPieceStore::Write(int chunk, int p, float* buf) {
   Result<IoHandle> h = st.ok() ? store_->Write(slot, buf, piece_bytes(p)) : Result<IoHandle>(st);
   if (!h.ok()) {
     write_pool_.Give(buf);
-    return h.status().WithContext("writing piece " + std::to_string(p) + " of the gradient shard of chunk " +
+    return h.status().WithContext("writing piece " + std::to_string(p) + " of chunk " +
                                   std::to_string(chunk) + " to NVMe");
   }
-  writes_.Push(WriteBehind::Write{*h, buf, slot, -1, -1, "writing a gradient piece to NVMe"});
+  writes_.Push(WriteBehind::Write{*h, buf, slot, -1, -1, "writing a piece of a shard to NVMe"});
   return OkStatus();
 }
 
-Result<IoHandle> GradPieceStore::Read(int chunk, int p, float* buf) {
+Result<IoHandle> PieceSwap::Read(int chunk, int p, float* buf) {
   const SlotId slot = slot_[shape_.Key(chunk, p)];
   {
     std::lock_guard lock(mu_);
@@ -58,14 +58,22 @@ Result<IoHandle> GradPieceStore::Read(int chunk, int p, float* buf) {
   return store_->Read(slot, buf, piece_bytes(p), IoPriority::kUrgent);
 }
 
-Status GradPieceStore::Drain(bool report) {
+Status PieceSwap::WaitChunk(int chunk) {
+  std::lock_guard lock(mu_);
+  for (int p = 0; p < shape_.pieces; ++p) {
+    if (shape_.Live(chunk, p)) STRATA_RETURN_IF_ERROR(writes_.WaitSlot(slot_[shape_.Key(chunk, p)]));
+  }
+  return OkStatus();
+}
+
+Status PieceSwap::Drain(bool report) {
   std::lock_guard lock(mu_);
   return writes_.Drain(report);
 }
 
-GradPieceReader::~GradPieceReader() { (void)Finish(); }
+PieceReader::~PieceReader() { (void)Finish(); }
 
-Result<const float*> GradPieceReader::Get(int p) {
+Result<const float*> PieceReader::Get(int p) {
   BufferPool& pool = store_->read_pool();
   if (current_ != nullptr) pool.Give(current_);
   current_ = nullptr;
@@ -86,7 +94,7 @@ Result<const float*> GradPieceReader::Get(int p) {
   return static_cast<const float*>(current_);
 }
 
-Status GradPieceReader::IssueAhead(int after) {
+Status PieceReader::IssueAhead(int after) {
   const PieceShape& shape = store_->shape();
   int next = after + 1;
   while (next < shape.pieces && !shape.Live(chunk_, next)) ++next;
@@ -103,7 +111,7 @@ Status GradPieceReader::IssueAhead(int after) {
   return OkStatus();
 }
 
-Status GradPieceReader::Finish() {
+Status PieceReader::Finish() {
   Status st;
   if (ahead_buf_ != nullptr) {
     st = ahead_.Wait();  // the buffer must be quiet before it goes back
