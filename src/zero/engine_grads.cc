@@ -42,17 +42,9 @@ Status Engine::Impl::OpenGradStore() {
 }
 
 Status Engine::Impl::OpenGradPieces(NvmeStoreOptions so) {
-  std::vector<uint8_t> on_disk(layout.num_chunks, 0);
-  int live = 0;
-  for (int c = 0; c < layout.num_chunks; ++c) {
-    on_disk[c] = !Resident(c);
-    for (int p = 0; on_disk[c] && p < piece_shape.pieces; ++p) live += piece_shape.Live(c, p);
-  }
+  STRATA_ASSIGN_OR_RETURN(grad_pieces,
+                          OpenPieceSwap(std::move(so), 4, [this](int c) { return !Resident(c); }));
   const uint64_t piece_bytes = zero::PieceSwap::SlotBytes(piece_shape, 4);
-  so.slot_size = piece_bytes;
-  so.slot_count = live;
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<NvmeStore> store, NvmeStore::Open(*io, so));
-  STRATA_ASSIGN_OR_RETURN(grad_pieces, zero::PieceSwap::Create(std::move(store), piece_shape, on_disk, 4));
   for (int i = 0; i < zero::kGradWritePieces + zero::kGradReadPieces; ++i) {
     STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(piece_bytes, "gradient pieces on their way to and from NVMe"));
     if (i < zero::kGradWritePieces)

@@ -448,8 +448,11 @@ struct Engine::Impl {
   // The same a piece at a time through grad_pieces (stream_grads).
   Status AccumulateGradPieces(int chunk, const float* part, bool first_in_window, bool last_micro_batch);
   Status OpenGradPieces(NvmeStoreOptions so);
-  Status OpenParamPieces(NvmeStoreOptions so);  // OpenNvmeStores' swap, with StreamsParams16  //
-                                                // OpenGradStore's, with stream_grads
+  Status OpenParamPieces(NvmeStoreOptions so);  // OpenNvmeStores' swap, with StreamsParams16
+  // A PieceSwap of `so`'s paths and name with a slot per live piece of the chunks on_disk.
+  Result<std::unique_ptr<zero::PieceSwap>> OpenPieceSwap(NvmeStoreOptions so, size_t elem_bytes,
+                                                         const std::function<bool(int)>& on_disk);  //
+  // OpenGradStore's, with stream_grads
   // dst[i] += part[i] for `elems` values (opt_elems when -1): `part` on the device, `dst`
   // in host memory, through host_recv a piece at a time. Comm worker only (host_recv is
   // its own).

@@ -270,20 +270,26 @@ Status Engine::Impl::AllocateShards(const zero::EnginePlan& plan) {
   return OkStatus();
 }
 
-Status Engine::Impl::OpenParamPieces(NvmeStoreOptions so) {
-  std::vector<uint8_t> on_disk(layout.num_chunks, 0);
+Result<std::unique_ptr<zero::PieceSwap>> Engine::Impl::OpenPieceSwap(
+    NvmeStoreOptions so, size_t elem_bytes, const std::function<bool(int)>& on_disk) {
+  std::vector<uint8_t> chunks(layout.num_chunks, 0);
   int live = 0;
   for (int c = 0; c < layout.num_chunks; ++c) {
-    on_disk[c] = !ParamResident(c);
-    for (int p = 0; on_disk[c] && p < piece_shape.pieces; ++p) live += piece_shape.Live(c, p);
+    chunks[c] = on_disk(c);
+    for (int p = 0; chunks[c] && p < piece_shape.pieces; ++p) live += piece_shape.Live(c, p);
   }
-  so.slot_size = zero::PieceSwap::SlotBytes(piece_shape, csize);
+  so.slot_size = zero::PieceSwap::SlotBytes(piece_shape, elem_bytes);
   so.slot_count = live;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<NvmeStore> store, NvmeStore::Open(*io, so));
+  return zero::PieceSwap::Create(std::move(store), piece_shape, chunks, elem_bytes);
+}
+
+Status Engine::Impl::OpenParamPieces(NvmeStoreOptions so) {
   STRATA_ASSIGN_OR_RETURN(param_pieces,
-                          zero::PieceSwap::Create(std::move(store), piece_shape, on_disk, csize));
+                          OpenPieceSwap(std::move(so), csize, [this](int c) { return !ParamResident(c); }));
   for (int i = 0; i < zero::kStreamWritePieces; ++i) {
-    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(so.slot_size, "parameter pieces on their way to NVMe"));
+    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(zero::PieceSwap::SlotBytes(piece_shape, csize),
+                                               "parameter pieces on their way to NVMe"));
     param_pieces->AddWriteBuffer(static_cast<float*>(p));
   }
   return OkStatus();

@@ -118,6 +118,26 @@ TEST(EnginePlan, MoreRanksHoldLessEach) {
   EXPECT_LT(FixedNeed(*four, "pinned host"), FixedNeed(*one, "pinned host"));
 }
 
+// An MLP of `hidden` layers, every one `width` wide.
+model::MlpSpec SquareMlp(int width, int hidden) {
+  model::MlpSpec spec;
+  spec.input_dim = width;
+  spec.hidden.assign(hidden, width);
+  spec.output_dim = width;
+  spec.seed = 3;
+  return spec;
+}
+
+// Three steps of micro-batch 8: the third is past the recording of the call order.
+Result<zero::TrainLog> TrainThreeSteps(Engine& engine, Communicator& world, const Config& c,
+                                       const model::MlpSpec& spec) {
+  zero::TrainSpec train;
+  train.model = spec;
+  train.steps = 3;
+  train.micro_batch = 8;
+  return zero::TrainWithEngine(engine, world, c, train);
+}
+
 // The predicted bytes of each lane against the engine's own counters of a real step.
 class TrafficTest : public ::testing::TestWithParam<Combo> {};
 
@@ -168,11 +188,7 @@ TEST_P(TrafficTest, MatchesTheCountersOfARealStep) {
 // have a swap of their own and the count is exact; in fp32 they are read from the
 // optimizer's master, within a shard.
 TEST(TrafficTest, EveryGatherReadsTheDiskButTheFreshShards) {
-  model::MlpSpec spec;
-  spec.input_dim = 64;
-  spec.hidden.assign(7, 64);
-  spec.output_dim = 64;
-  spec.seed = 3;
+  const model::MlpSpec spec = SquareMlp(64, 7);
   for (const char* compute : {"fp32", "bf16"}) {
     const bool bf16 = std::string(compute) == "bf16";
     const Config c =
@@ -183,11 +199,7 @@ TEST(TrafficTest, EveryGatherReadsTheDiskButTheFreshShards) {
     ASSERT_TRUE(world.ok());
     Result<ModelEngine> e = CreateMlpEngine(**world, c, spec, nullptr);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
-    zero::TrainSpec train;
-    train.model = spec;
-    train.steps = 3;
-    train.micro_batch = 8;
-    Result<zero::TrainLog> log = zero::TrainWithEngine(*e->engine, **world, c, train);
+    Result<zero::TrainLog> log = TrainThreeSteps(*e->engine, **world, c, spec);
     ASSERT_TRUE(log.ok()) << log.status().ToString();
     const EngineLayoutInfo& l = e->engine->layout_info();
     ASSERT_GE(l.num_chunks, 8) << compute;
@@ -208,11 +220,7 @@ TEST(TrafficTest, EveryGatherReadsTheDiskButTheFreshShards) {
 // and read back once a step. The least budget that plans gives pieces; a larger one, one
 // pinned gradient shard.
 TEST(TrafficTest, StreamedShardsReadEveryGatherAndGradientPiecesGoThroughTheDisk) {
-  model::MlpSpec spec;
-  spec.input_dim = 128;
-  spec.hidden.assign(5, 128);
-  spec.output_dim = 128;
-  spec.seed = 3;
+  const model::MlpSpec spec = SquareMlp(128, 5);
   auto config = [](uint64_t budget) {
     return MakeConfig({3, "nvme", "nvme", 0}, R"({"strata": {"overlap": true, "host_budget": )" +
                                                   std::to_string(budget) +
@@ -234,11 +242,7 @@ TEST(TrafficTest, StreamedShardsReadEveryGatherAndGradientPiecesGoThroughTheDisk
     }
     pieces_seen = l.gradient_pieces_on_nvme;
     ++modes_seen;
-    zero::TrainSpec train;
-    train.model = spec;
-    train.steps = 3;
-    train.micro_batch = 8;
-    Result<zero::TrainLog> log = zero::TrainWithEngine(*e->engine, **world, c, train);
+    Result<zero::TrainLog> log = TrainThreeSteps(*e->engine, **world, c, spec);
     ASSERT_TRUE(log.ok()) << log.status().ToString();
     const StepResult& r = log->results[2];
     const LaneWork w = PredictTraffic(c, 1, l);
