@@ -132,6 +132,11 @@ void PrintConfigSummary(const Config& c, const Origins& origin, const EngineLayo
           Origin(origin, "strata.param_resident").c_str());
     }
   }
+  if (l.param_stream_pieces > 0 && !l.params_in_optimizer_state) {
+    std::printf(
+        "  parameter shards streamed: the step's new values go out a piece at a time through pinned pieces "
+        "(whole shards would not fit the host budget)\n");
+  }
   if (l.optimizer_device_chunks > 0) {
     std::printf(
         "  optimizer state on the device: %d of %d chunks (%s, with their gradient shards), the rest stepped "

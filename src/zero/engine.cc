@@ -295,7 +295,7 @@ Status Engine::Impl::InitParams(const ParamInit& init) {
                                           c16.data(), l.chunk_elems * csize));
     } else if (param_from_master) {
       STRATA_RETURN_IF_ERROR(PublishParams(c, nullptr, /*from_host=*/true));  // the master below is it
-    } else if (StreamsParams16()) {
+    } else if (StreamsCompute()) {
       STRATA_RETURN_IF_ERROR(PublishParams(c, c16.data() + rank * l.shard_elems * csize, /*from_host=*/true));
     } else {
       // Through pinned staging: the NVMe tier needs aligned, registered buffers.

@@ -108,7 +108,7 @@ struct Engine::Impl {
   // ... or a slot per piece (stream_grads: shards too large for a pinned one).
   std::unique_ptr<zero::PieceSwap> grad_pieces;
   bool stream_grads = false;
-  // Streamed 16-bit shards (StreamsParams16): their swap, a slot per piece.
+  // Streamed 16-bit shards on NVMe (StreamsCompute): their swap, a slot per piece.
   std::unique_ptr<zero::PieceSwap> param_pieces;
   int rank = 0, world_size = 1;
   int stage = 0;
@@ -233,12 +233,17 @@ struct Engine::Impl {
   Pool param_staging;
   uint64_t param_stage_bytes = 0;
   int stream_pieces = 0;
-  // Streamed bf16 or fp16 shards, which have a swap of their own (param_pieces).
-  bool StreamsParams16() const { return stream_pieces > 0 && !param_from_master; }
+  // Streamed shards whose compute values are not the master (bf16 or fp16 on NVMe, or
+  // parameters on the host or the device): the step hands them out a piece at a time
+  // (SetPieceOutputs), to param_pieces or through out_pieces to their tier.
+  bool StreamsCompute() const { return stream_pieces > 0 && !param_from_master; }
+  Pool out_pieces;  // StreamsCompute without param_pieces: pinned pieces, a slot long
+  Result<float*> TakeOutPiece();
+  void GiveOutPiece(float* buf);
   // A shard of compute values (any host memory) to param_pieces through its pinned
   // pieces; returns once it is on disk.
   Status WriteShardPieces(int chunk, const uint8_t* src);
-  // Out16Target's shard where staging holds only pieces (StreamsParams16): heap memory,
+  // Out16Target's shard where staging holds only pieces (StreamsCompute): heap memory,
   // used by one stepping thread at a time.
   std::vector<uint8_t> out16_scratch;
   // Gives an Out16Target buffer back (to param_staging, unless it is the scratch).
@@ -448,7 +453,7 @@ struct Engine::Impl {
   // The same a piece at a time through grad_pieces (stream_grads).
   Status AccumulateGradPieces(int chunk, const float* part, bool first_in_window, bool last_micro_batch);
   Status OpenGradPieces(NvmeStoreOptions so);
-  Status OpenParamPieces(NvmeStoreOptions so);  // OpenNvmeStores' swap, with StreamsParams16
+  Status OpenParamPieces(NvmeStoreOptions so);  // OpenNvmeStores' swap, with StreamsCompute
   // A PieceSwap of `so`'s paths and name with a slot per live piece of the chunks on_disk.
   Result<std::unique_ptr<zero::PieceSwap>> OpenPieceSwap(NvmeStoreOptions so, size_t elem_bytes,
                                                          const std::function<bool(int)>& on_disk);  //

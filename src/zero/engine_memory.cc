@@ -261,7 +261,14 @@ Status Engine::Impl::AllocateShards(const zero::EnginePlan& plan) {
       }
     }
   }
-  if (stage == 3 || opt_tier != ZeroTier::kDevice) {
+  // Streamed compute values go out in pieces; staging is for the gathers from NVMe only.
+  const bool staging = !(StreamsCompute() && param_tier != ZeroTier::kNvme);
+  for (int i = 0; StreamsCompute() && param_tier != ZeroTier::kNvme && i < zero::kStreamWritePieces; ++i) {
+    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(zero::PieceSwap::SlotBytes(piece_shape, csize),
+                                               "parameter pieces on their way from the optimizer"));
+    out_pieces.Add(p);
+  }
+  if (staging && (stage == 3 || opt_tier != ZeroTier::kDevice)) {
     for (int i = 0; i < zero::kParamStaging; ++i) {
       STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(param_stage_bytes, "parameter staging"));
       param_staging.Add(p);
@@ -324,7 +331,7 @@ Status Engine::Impl::OpenNvmeStores() {
     so.slot_size = zero::Align4K(layout.shard_elems * csize);
     so.slot_count = params_on_disk;
     so.checksum = config.strata.checksum;
-    if (StreamsParams16()) return OpenParamPieces(so);
+    if (StreamsCompute()) return OpenParamPieces(so);
     STRATA_ASSIGN_OR_RETURN(param_store, NvmeStore::Open(*io, so));
     for (int c = 0; c < static_cast<int>(n_chunks); ++c) {
       if (ParamResident(c)) continue;

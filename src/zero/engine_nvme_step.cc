@@ -159,9 +159,9 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
   bool on_host = true;
   void* out = nullptr;
   Status s;
-  if (publish_behind && stream_pieces > 0) {
+  if (stream_pieces > 0) {
     // Nothing to keep: the next gather reads the master this step writes, or the pieces
-    // SetPieceOutputs writes.
+    // SetPieceOutputs hands out.
   } else if (publish_behind) {
     auto taken = TakeOut16Staging();
     if (taken.ok())
@@ -178,7 +178,7 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
     if (s.ok()) bytes_nvme_read += grad_slot_bytes;
   }
   zero::OptimizerStep args = StepArgs(chunk, grad_scale, speculative, next_chunk);
-  if (publish_behind && StreamsParams16()) SetPieceOutputs(chunk, args);
+  if (StreamsCompute()) SetPieceOutputs(chunk, args);
   if (pieces) {
     args.grad_piece = [&](int p) -> Result<const float*> {
       const int64_t t0 = NowNs();
@@ -201,7 +201,7 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
     if (!s.ok()) (void)grad_read.Wait();  // the buffer must be quiet before reuse
     grad_host.Give(grad_buf);
   }
-  if (!(publish_behind && StreamsParams16())) s = PlaceSteppedShard(chunk, out, on_host, s);
+  if (!StreamsCompute()) s = PlaceSteppedShard(chunk, out, on_host, s);
   if (!s.ok()) return s.WithContext("NVMe optimizer step of chunk " + std::to_string(chunk));
   if (!overlap) STRATA_RETURN_IF_ERROR(WaitNvmeWrites());
   if (speculative) {
@@ -226,25 +226,42 @@ Status Engine::Impl::WriteShardPieces(int chunk, const uint8_t* src) {
   return param_pieces->WaitChunk(chunk).WithContext("writing parameters to NVMe");
 }
 
-// Streamed 16-bit shards: the step's compute values of each live piece go to its slot
-// behind (or into the shard kept in memory), through param_pieces' pinned pieces.
+Result<float*> Engine::Impl::TakeOutPiece() {
+  if (param_pieces) return param_pieces->TakeWriteBuffer();
+  return static_cast<float*>(out_pieces.Take());
+}
+
+void Engine::Impl::GiveOutPiece(float* buf) {
+  if (param_pieces) {
+    param_pieces->GiveWriteBuffer(buf);
+  } else {
+    out_pieces.Give(buf);
+  }
+}
+
+// StreamsCompute: the step's compute values of each live piece go where the shard lives:
+// its slot on NVMe, written behind, or its place in host or device memory.
 void Engine::Impl::SetPieceOutputs(int chunk, zero::OptimizerStep& args) {
   args.out_piece = [this](int) -> Result<void*> {
-    STRATA_ASSIGN_OR_RETURN(float* buf, param_pieces->TakeWriteBuffer());
+    STRATA_ASSIGN_OR_RETURN(float* buf, TakeOutPiece());
     return static_cast<void*>(buf);
   };
   args.piece_done = [this, chunk](int p, void* buf, bool ok) -> Status {
     auto* piece = static_cast<float*>(buf);
-    if (ok && ParamResident(chunk)) {
-      std::memcpy(static_cast<uint8_t*>(param_shard[chunk].ptr) + p * piece_shape.piece_elems * csize, buf,
-                  piece_shape.Elems(p) * csize);
-    } else if (ok) {
-      Status st = param_pieces->Write(chunk, p, piece);  // the buffer comes back once on disk
+    const uint64_t offset = p * piece_shape.piece_elems * csize, bytes = piece_shape.Elems(p) * csize;
+    Status st;
+    if (ok && ParamTierOf(chunk) == ZeroTier::kNvme) {
+      st = param_pieces->Write(chunk, p, piece);  // the buffer comes back once on disk
       if (st.ok()) bytes_nvme_written += param_pieces->piece_bytes(p);
       return st.WithContext("writing parameters to NVMe");
     }
-    param_pieces->GiveWriteBuffer(piece);
-    return OkStatus();
+    if (ok && ParamTierOf(chunk) == ZeroTier::kHost) {
+      std::memcpy(static_cast<uint8_t*>(param_shard[chunk].ptr) + offset, buf, bytes);
+    } else if (ok) {
+      st = CopyToDevice(static_cast<uint8_t*>(param_shard[chunk].ptr) + offset, buf, bytes);
+    }
+    GiveOutPiece(piece);
+    return st;
   };
 }
 

@@ -152,7 +152,7 @@ void EnginePlanner::PlanHostNeed() {
   // fit, and only where it saves something (a shard of more than two halves). Where
   // that one shard does not fit either, the gradients go to disk and back in pieces,
   // which costs a write and a read of 4 bytes per parameter each step.
-  const bool helps = out_.publish_behind && out_.pieces.pieces > 2 * kStreamPieces;
+  const bool helps = stage_ == 3 && opt_tier_ == ZeroTier::kNvme && out_.pieces.pieces > 2 * kStreamPieces;
   auto fits = [&] { return out_.host.Total() <= out_.host_budget.bytes; };
   if (!helps || fits()) return;
   out_.host = TierNeed{ZeroTier::kHost, {}};
@@ -186,7 +186,10 @@ void EnginePlanner::PlanHostNeedAs(bool stream, bool stream_grads) {
                NeedScale::kModel, "offload_param.device \"nvme\"", true));
   }
   PlanExplicitParamResidency(h);
-  if (stage_ == 3 || opt_tier_ != ZeroTier::kDevice) {
+  // Streamed with the parameters off NVMe: no gather needs staging, and the step's values
+  // go out in pieces (below).
+  const bool staging = !(stream && param_tier_ != ZeroTier::kNvme);
+  if (staging && (stage_ == 3 || opt_tier_ != ZeroTier::kDevice)) {
     h.Add(stream ? Part("staging for " + std::to_string(kParamStaging) + " gathers of " + dt +
                             " parameters, streamed " + std::to_string(kStreamPieces) + " pieces at a time",
                         kParamStaging * out_.param_stage_bytes, NeedScale::kFixed,
@@ -221,7 +224,8 @@ void EnginePlanner::PlanHostNeedAs(bool stream, bool stream_grads) {
   }
   out_.host_budget = facts_.host_budget(h.Total() > 0);
   if (stream && !out_.param_from_master) {
-    h.Add(Part("pinned pieces of " + dt + " parameters on their way to NVMe (" +
+    h.Add(Part("pinned pieces of " + dt + " parameters on their way " +
+                   (param_tier_ == ZeroTier::kNvme ? "to NVMe" : "from the optimizer") + " (" +
                    std::to_string(kStreamWritePieces) + ")",
                kStreamWritePieces * PieceSlotBytes(csize_), NeedScale::kFixed,
                "lower zero_optimization.sub_group_size (smaller NVMe optimizer pieces)"));

@@ -28,7 +28,7 @@ void* Engine::Impl::Out16Target(int chunk, bool* on_host) {
     return static_cast<uint8_t*>(param_full) + (chunk * layout.chunk_elems + opt_offset) * csize;
   }
   *on_host = true;
-  if (StreamsParams16()) {
+  if (StreamsCompute()) {
     out16_scratch.resize(opt_elems * csize);
     return out16_scratch.data();
   }
@@ -57,7 +57,7 @@ Status Engine::Impl::PublishParams(int chunk, const void* src, bool from_host) {
       SetFresh(chunk, nullptr);  // a shard written behind earlier is stale now
       // The gather reads the committed master itself (SyncParamSource points at it).
       if (param_from_master) return OkStatus();
-      if (StreamsParams16()) return WriteShardPieces(chunk, static_cast<const uint8_t*>(src));
+      if (StreamsCompute()) return WriteShardPieces(chunk, static_cast<const uint8_t*>(src));
       auto h = param_store->Write(param_shard[chunk].slot, src, bytes);
       STRATA_RETURN_IF_ERROR((h.ok() ? h->Wait() : h.status()).WithContext("writing parameters to NVMe"));
       bytes_nvme_written += bytes;

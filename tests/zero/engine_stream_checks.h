@@ -71,10 +71,10 @@ inline uint64_t LeastBudget(const std::function<bool(uint64_t)>& reaches) {
 }
 
 inline StreamBudgets FindStreamBudgets(Communicator& world, const zero::TrainSpec& spec, bool overlap = true,
-                                       const std::string& more = "") {
+                                       const std::string& more = "", const Combo& combo = kBothOnNvme) {
   // 0: refused; 1: gradient pieces; 2: one gradient shard; 3: whole shards.
   auto mode = [&](uint64_t bytes) {
-    auto plan = PlanOn(world, MakeConfig(kBothOnNvme, StreamBudget(bytes, overlap, more)), spec);
+    auto plan = PlanOn(world, MakeConfig(combo, StreamBudget(bytes, overlap, more)), spec);
     if (!plan.ok()) return 0;
     if (plan->param_stream_pieces == 0) return 3;
     return plan->gradient_pieces_on_nvme ? 1 : 2;
@@ -148,26 +148,26 @@ inline void CheckStreamModes(Communicator& world, const std::string& more = "") 
 // piece at a time), and the host high water stays under the budget, with and without
 // overlap and with clipping (a step redone from the gradient read back from NVMe).
 inline void CheckStreamedRuns(Communicator& world, bool overlap, const std::string& more,
-                              const std::string& what) {
+                              const std::string& what, const Combo& combo = kBothOnNvme) {
   const zero::TrainSpec spec = WideSpec();
-  const StreamBudgets b = FindStreamBudgets(world, spec, overlap, more);
+  const StreamBudgets b = FindStreamBudgets(world, spec, overlap, more, combo);
   ASSERT_GT(b.pieces, 0u) << what;
   ASSERT_GT(b.streamed, b.pieces) << what;
   ASSERT_GT(b.whole, b.streamed) << what;
   auto ref = zero::TrainReference(
       MakeConfig({0, "none", "none"}, "{" + (more.empty() ? "" : more.substr(1)) + "}"), spec, world.size());
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
-  EngineRun whole = RunEngine(world, MakeConfig(kBothOnNvme, StreamBudget(b.whole, overlap, more)), spec);
+  EngineRun whole = RunEngine(world, MakeConfig(combo, StreamBudget(b.whole, overlap, more)), spec);
   ASSERT_TRUE(whole.status.ok()) << whole.status.ToString();
   const bool clipping = more.find("clipping") != std::string::npos;
   const bool fp32 = more.find("bf16") == std::string::npos && more.find("fp16") == std::string::npos;
   for (uint64_t budget : {b.streamed, b.pieces}) {
     const std::string mode = what + (budget == b.pieces ? ", gradient pieces" : ", one gradient shard");
-    auto plan = PlanOn(world, MakeConfig(kBothOnNvme, StreamBudget(budget, overlap, more)), spec);
+    auto plan = PlanOn(world, MakeConfig(combo, StreamBudget(budget, overlap, more)), spec);
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
     ASSERT_EQ(plan->param_stream_pieces, zero::kStreamPieces) << mode;
     ASSERT_EQ(plan->gradient_pieces_on_nvme, budget == b.pieces) << mode;
-    EngineRun run = RunEngine(world, MakeConfig(kBothOnNvme, StreamBudget(budget, overlap, more)), spec);
+    EngineRun run = RunEngine(world, MakeConfig(combo, StreamBudget(budget, overlap, more)), spec);
     if (fp32) {
       ExpectMatchesReference(run, *ref, 1e-5, kAtol, kRtol, mode);
     } else {

@@ -26,6 +26,14 @@ TEST(EngineStream, Fp16OverflowSkipsAndRestoresThePieces) {
   CheckStreamedRuns(World(), true, R"(, "fp16": {"enabled": true, "initial_scale_power": 24})",
                     "fp16 overflow");
 }
+// Parameters in host or device memory: no gather reads the disk, and the step's values
+// go to the shard a piece at a time through pinned pieces.
+TEST(EngineStream, ParametersOffNvmeTakeTheStepsPieces) {
+  CheckStreamedRuns(World(), true, "", "parameters on the CPU",
+                    Combo{3, "nvme", "cpu", "auto", kPiecedSubGroup});
+  CheckStreamedRuns(World(), true, R"(, "bf16": {"enabled": true})", "bf16 parameters on the device",
+                    Combo{3, "nvme", "none", "auto", kPiecedSubGroup});
+}
 TEST(EngineStream, ChunksKeptInMemoryBesideStreamedShardsEqualTheReference) {
   CheckStreamedWithResidentChunks(World());
 }
