@@ -249,6 +249,10 @@ struct Engine::Impl {
   // Gives an Out16Target buffer back (to param_staging, unless it is the scratch).
   void ReleaseOut16(void* out, bool on_host);
   void SetPieceOutputs(int chunk, zero::OptimizerStep& args);  // engine_nvme_step.cc
+  // Where StepChunkNvme's compute values go as a whole (null: nowhere, or by pieces).
+  Result<void*> NvmeStepOutput(int chunk, bool* on_host);
+  // The optimizer's gradient pieces from `reader` (stream_grads), timed as I/O.
+  void SetGradPieces(int chunk, zero::PieceReader* reader, zero::OptimizerStep& args);
   // Parameters on NVMe too: the step assembles a chunk's new 16-bit shard here, piece by
   // piece, and writes it behind (nothing waits for it before the next forward).
   Pool out16_staging;

@@ -126,6 +126,28 @@ Status Engine::Impl::WaitNvmeWrites(bool report) {
   return first.ok() ? params16 : first;
 }
 
+Result<void*> Engine::Impl::NvmeStepOutput(int chunk, bool* on_host) {
+  *on_host = true;
+  // Streamed: nothing to keep; the next gather reads the master this step writes, or
+  // the pieces SetPieceOutputs hands out.
+  if (stream_pieces > 0) return static_cast<void*>(nullptr);
+  if (publish_behind) return TakeOut16Staging();
+  return Out16Target(chunk, on_host);
+}
+
+void Engine::Impl::SetGradPieces(int chunk, zero::PieceReader* reader, zero::OptimizerStep& args) {
+  args.grad_piece = [this, chunk, reader](int p) -> Result<const float*> {
+    const int64_t t0 = NowNs();
+    auto g = reader->Get(p);
+    io_busy_ns += NowNs() - t0;
+    if (!g.ok()) {
+      return g.status().WithContext("reading piece " + std::to_string(p) +
+                                    " of the gradient shard of chunk " + std::to_string(chunk));
+    }
+    return g;
+  };
+}
+
 Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative, int next_chunk,
                                    const float* grad) {
   OptChunk& o = opt[chunk];
@@ -157,20 +179,9 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
   }
   if (grad == nullptr && !pieces) grad = o.grad;
   bool on_host = true;
-  void* out = nullptr;
-  Status s;
-  if (stream_pieces > 0) {
-    // Nothing to keep: the next gather reads the master this step writes, or the pieces
-    // SetPieceOutputs hands out.
-  } else if (publish_behind) {
-    auto taken = TakeOut16Staging();
-    if (taken.ok())
-      out = *taken;
-    else
-      s = taken.status();
-  } else {
-    out = Out16Target(chunk, &on_host);
-  }
+  Result<void*> taken = NvmeStepOutput(chunk, &on_host);
+  Status s = taken.status();
+  void* out = taken.ok() ? *taken : nullptr;
   if (s.ok() && read_grad && !pieces) {
     const int64_t t0 = NowNs();
     s = grad_read.Wait().WithContext("reading the gradient shard of chunk " + std::to_string(chunk));
@@ -179,18 +190,7 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
   }
   zero::OptimizerStep args = StepArgs(chunk, grad_scale, speculative, next_chunk);
   if (StreamsCompute()) SetPieceOutputs(chunk, args);
-  if (pieces) {
-    args.grad_piece = [&](int p) -> Result<const float*> {
-      const int64_t t0 = NowNs();
-      auto g = pieces->Get(p);
-      io_busy_ns += NowNs() - t0;
-      if (!g.ok()) {
-        return g.status().WithContext("reading piece " + std::to_string(p) +
-                                      " of the gradient shard of chunk " + std::to_string(chunk));
-      }
-      return g;
-    };
-  }
+  if (pieces) SetGradPieces(chunk, &*pieces, args);
   if (s.ok()) s = nvme_opt->Step(args, grad, out).status();
   if (pieces) {
     Status done = pieces->Finish();

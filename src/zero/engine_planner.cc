@@ -234,42 +234,44 @@ void EnginePlanner::PlanHostNeedAs(bool stream, bool stream_grads) {
     h.Add(Part(std::to_string(kOut16Staging) + " " + dt + " parameter shards on their way to NVMe",
                kOut16Staging * out16, NeedScale::kChunk, "", true));
   }
-  if (opt_tier_ == ZeroTier::kNvme) {
-    // Gradient shards wait for the step in pinned memory if the budget holds them
-    // (no extra I/O), else on NVMe beside the state: at least two pinned shards, which
-    // also hold a shard read back for a step that needs it from disk.
-    const uint64_t on_host = h.Total() + n_chunks * out_.grad_slot_bytes;
-    const std::string& want = config_.strata.gradients;
-    // With overlap on and clipping off no step is ever redone, so a shard on the NVMe
-    // path never touches the disk (engine_grads.cc): auto takes it then even when the
-    // budget would hold the shards, and the freed memory deepens the staging pipeline
-    // (100M-parameter stage-3 step at 1200 MiB: 1.70 s against 1.82 s in memory). Not
-    // with gradient accumulation: every micro-batch but the last writes and reads back
-    // each shard there.
-    const bool free_on_nvme =
-        overlap_ && config_.gradient_clipping <= 0 && config_.gradient_accumulation_steps <= 1;
-    if (want == "nvme" || (want == "auto" && (free_on_nvme || on_host > out_.host_budget.bytes))) {
-      out_.grad_tier = ZeroTier::kNvme;
-      const int waiting = stream ? 1 : 2;
-      out_.stream_grads = stream_grads;
-      if (stream_grads) {
-        h.Add(Part(
-            "pinned pieces of fp32 gradients on their way to NVMe (" + std::to_string(kGradWritePieces) +
-                ") and back (" + std::to_string(kGradReadPieces) + ")",
-            (kGradWritePieces + kGradReadPieces) * Align4K(out_.pieces.piece_elems * 4), NeedScale::kFixed,
-            "lower zero_optimization.sub_group_size (smaller NVMe optimizer pieces)"));
-      } else {
-        h.Add(Part(waiting == 1 ? "1 fp32 gradient shard on its way to NVMe"
-                                : "2 fp32 gradient shards on their way to NVMe",
-                   waiting * out_.grad_slot_bytes, NeedScale::kChunk, "", true));
-      }
-      h.Add(Part("the fp32 gradient shards of the " + Chunks(resident) + " kept in memory",
-                 resident * out_.grad_slot_bytes, NeedScale::kModel, "lower strata.optimizer_resident",
-                 true));
+  if (opt_tier_ == ZeroTier::kNvme) PlanNvmeGradients(h, stream, stream_grads, resident);
+}
+
+void EnginePlanner::PlanNvmeGradients(TierNeed& h, bool stream, bool stream_grads, int resident) {
+  const uint64_t n_chunks = layout_.num_chunks;
+  // Gradient shards wait for the step in pinned memory if the budget holds them
+  // (no extra I/O), else on NVMe beside the state: at least two pinned shards, which
+  // also hold a shard read back for a step that needs it from disk.
+  const uint64_t on_host = h.Total() + n_chunks * out_.grad_slot_bytes;
+  const std::string& want = config_.strata.gradients;
+  // With overlap on and clipping off no step is ever redone, so a shard on the NVMe
+  // path never touches the disk (engine_grads.cc): auto takes it then even when the
+  // budget would hold the shards, and the freed memory deepens the staging pipeline
+  // (100M-parameter stage-3 step at 1200 MiB: 1.70 s against 1.82 s in memory). Not
+  // with gradient accumulation: every micro-batch but the last writes and reads back
+  // each shard there.
+  const bool free_on_nvme =
+      overlap_ && config_.gradient_clipping <= 0 && config_.gradient_accumulation_steps <= 1;
+  if (want == "nvme" || (want == "auto" && (free_on_nvme || on_host > out_.host_budget.bytes))) {
+    out_.grad_tier = ZeroTier::kNvme;
+    const int waiting = stream ? 1 : 2;
+    out_.stream_grads = stream_grads;
+    if (stream_grads) {
+      h.Add(Part("pinned pieces of fp32 gradients on their way to NVMe (" + std::to_string(kGradWritePieces) +
+                     ") and back (" + std::to_string(kGradReadPieces) + ")",
+                 (kGradWritePieces + kGradReadPieces) * Align4K(out_.pieces.piece_elems * 4),
+                 NeedScale::kFixed,
+                 "lower zero_optimization.sub_group_size (smaller NVMe optimizer pieces)"));
     } else {
-      h.Add(Part("the fp32 gradient shards", n_chunks * out_.grad_slot_bytes, NeedScale::kModel,
-                 want == "host" ? "strata.gradients \"nvme\"" : "", true));
+      h.Add(Part(waiting == 1 ? "1 fp32 gradient shard on its way to NVMe"
+                              : "2 fp32 gradient shards on their way to NVMe",
+                 waiting * out_.grad_slot_bytes, NeedScale::kChunk, "", true));
     }
+    h.Add(Part("the fp32 gradient shards of the " + Chunks(resident) + " kept in memory",
+               resident * out_.grad_slot_bytes, NeedScale::kModel, "lower strata.optimizer_resident", true));
+  } else {
+    h.Add(Part("the fp32 gradient shards", n_chunks * out_.grad_slot_bytes, NeedScale::kModel,
+               want == "host" ? "strata.gradients \"nvme\"" : "", true));
   }
 }
 

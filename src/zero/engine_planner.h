@@ -113,6 +113,9 @@ class EnginePlanner {
   // (kStreamPieces): only when whole shards would not fit.
   void PlanHostNeed();
   void PlanHostNeedAs(bool stream, bool stream_grads);
+  // Where an NVMe optimizer's gradient shards wait (pinned, or on NVMe: whole, or in
+  // pieces), added to the host need `h`; `resident`: chunks whose state stays in memory.
+  void PlanNvmeGradients(TierNeed& h, bool stream, bool stream_grads, int resident);
   // NVMe bytes of one chunk's gradient shard: one slot, or a slot per piece.
   uint64_t GradDiskBytes() const;
   // A chunk's live and dead pieces of `elem_bytes` each, a 4 KiB-aligned slot per piece.
