@@ -29,7 +29,10 @@ Result<float*> PieceSwap::TakeWriteBuffer() {
   }
   if (void* p = write_pool_.TryTake()) return static_cast<float*>(p);
   std::lock_guard lock(mu_);
-  if (writes_.empty()) return static_cast<float*>(write_pool_.Take());  // only this thread writes
+  if (void* p = write_pool_.TryTake()) return static_cast<float*>(p);
+  // Every buffer is out and none is being written: a caller kept one (a bug, reported
+  // rather than waited for forever).
+  if (writes_.empty()) return InternalError("piece swap: no piece buffer is free and none is being written");
   STRATA_ASSIGN_OR_RETURN(void* p, writes_.ReuseOldest());
   return static_cast<float*>(p);
 }

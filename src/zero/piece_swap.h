@@ -37,7 +37,8 @@ class PieceSwap {
   void AddWriteBuffer(float* buf) { write_pool_.Add(buf); }
   void AddReadBuffer(float* buf) { read_pool_.Add(buf); }
 
-  // A free write buffer: waits for the oldest write behind when none is free; its error.
+  // A free write buffer: waits for the oldest write behind when none is free; its error,
+  // or Internal when every buffer is out and none is being written.
   Result<float*> TakeWriteBuffer();
   void GiveWriteBuffer(float* buf) { write_pool_.Give(buf); }
   // Writes piece p of `chunk` from buf (taken from TakeWriteBuffer), behind: buf comes
