@@ -20,8 +20,9 @@ uint64_t CurrentRssBytes();
 // The process memory a training run needs beside the engine's device and pinned host
 // needs, as `strata plan` counts it: the binary and libraries as loaded (`base`), the
 // engine's creation scratch (a whole fp32 chunk, its compute copy, and one fp32 master |
-// m | v of the elements this rank steps, as InitParams fills them), and the model's
-// activations. On the sim device all of it is host memory; on a GPU the activations are
+// m | v of the elements this rank steps, as InitParams fills them; it also bounds the
+// shard of compute values that streamed shards keep for whole-shard writes, which comes
+// later and is smaller), and the model's activations. On the sim device all of it is host memory; on a GPU the activations are
 // device memory beside the engine's budget.
 struct ProcessMemory {
   uint64_t base = 0;
