@@ -214,8 +214,9 @@ struct EngineLayoutInfo {
   // shards the step leaves in host memory, where the next forward's first gather takes
   // them without a read (the last ones stepped, which the forward gathers first).
   int fresh_param_shards = 0;
-  // Same set-up, fp32, where whole shards would not fit the host budget: a gather
-  // streams the shard through pinned halves of this many optimizer pieces (0: whole).
+  // Stage 3 with the optimizer state on NVMe, where whole shards would not fit the host
+  // budget: shards stream through pinned pieces, this many optimizer pieces to a half of
+  // a gather's staging (0: whole shards).
   int param_stream_pieces = 0;
   // ... and where one pinned gradient shard does not fit either: the gradient shards go
   // to NVMe and back a piece at a time.

@@ -30,19 +30,21 @@ inline constexpr int kParamStaging = 3;
 // Stage 3, optimizer and parameters on NVMe: buffers for the updated shards on their way
 // to NVMe; the last ones filled stay as the next forward's fresh copies.
 inline constexpr int kOut16Staging = 2;
-// Stage 3 in fp32 with both on NVMe, when shard-sized pinned buffers would not fit the
-// host budget: each parameter staging buffer holds two halves of this many pieces (a
-// gather reads one half while the other goes to the device), no updated shard is kept
-// in memory, and one pinned gradient shard waits for the step instead of two. The
-// pinned need then stops growing with the module, but for that one gradient shard.
+// Stage 3 with the optimizer state on NVMe, when shard-sized pinned buffers would not
+// fit the host budget: each parameter staging buffer holds two halves of this many
+// pieces (a gather reads one half while the other goes to the device), no updated shard
+// is kept in memory, the step's compute values go out a piece at a time, and one pinned
+// gradient shard waits for the step instead of two. The pinned need then stops growing
+// with the module, but for that one gradient shard.
 inline constexpr int kStreamPieces = 4;
 // Streamed shards whose one pinned gradient shard does not fit either: the gradient goes
 // to NVMe and back in pieces (piece_swap.h), through this many pinned pieces on the way
 // out and two on the way back (the piece stepped and the next).
 inline constexpr int kGradWritePieces = 4;
 inline constexpr int kGradReadPieces = 2;
-// Streamed bf16 or fp16 shards (a parameter swap of their own): the step's new 16-bit
-// values go to it a piece at a time, behind, through this many pinned pieces.
+// Streamed shards whose compute values are not the master (bf16 or fp16 on NVMe, or
+// parameters in host or device memory): the step's new values go to the shard a piece at
+// a time (to NVMe behind) through this many pinned pieces.
 inline constexpr int kStreamWritePieces = 4;
 // A reduced gradient reaches a host-side shard through pinned staging of at most this
 // much (and at most sub_group_size values), a piece at a time, so the staging does not
