@@ -184,9 +184,11 @@ TEST_P(TrafficTest, MatchesTheCountersOfARealStep) {
 
 // A model of eight chunks at stage 3 with everything on NVMe: every gather reads its
 // shard from the disk but the forward's first of the chunks whose updated shard the
-// step left in memory, the last ones stepped (fresh_param_shards). With bf16 the shards
-// have a swap of their own and the count is exact; in fp32 they are read from the
-// optimizer's master, within a shard.
+// step left in memory, the last ones stepped (fresh_param_shards). A kept shard's buffer
+// may be taken back for a later chunk's write while the writes behind still hold the
+// others (TakeOut16Staging), which depends on how soon the disk finishes them: with bf16
+// (a swap of its own) at most fresh_param_shards more shards are read, never fewer; in
+// fp32 they are read from the optimizer's master, within a shard either way.
 TEST(TrafficTest, EveryGatherReadsTheDiskButTheFreshShards) {
   const model::MlpSpec spec = SquareMlp(64, 7);
   for (const char* compute : {"fp32", "bf16"}) {
@@ -208,7 +210,8 @@ TEST(TrafficTest, EveryGatherReadsTheDiskButTheFreshShards) {
     const double read = static_cast<double>(log->results[2].bytes_nvme_read);
     const double want = PredictTraffic(c, 1, l).nvme_read_bytes;
     if (bf16) {
-      EXPECT_EQ(want, read) << compute;
+      EXPECT_LE(want, read) << compute;
+      EXPECT_LE(read, want + l.fresh_param_shards * l.shard_elems * 2.0) << compute;
     } else {
       EXPECT_NEAR(want, read, l.shard_elems * 4.0) << compute;
     }
