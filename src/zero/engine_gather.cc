@@ -75,7 +75,7 @@ Status Engine::Impl::StreamShard(int chunk, uint8_t* dst, uint8_t* staged) {
   }
   const int pieces = piece_shape.pieces, per = stream_pieces;
   // Pieces sit a slot apart in a half (for the master's, exactly a piece apart).
-  const uint64_t stride = zero::PieceSwap::SlotBytes(piece_shape, csize);
+  const uint64_t stride = piece_shape.SlotBytes(csize);
   auto half = [&](int first) { return staged + (first / per % 2) * per * stride; };
   auto read = [&](int first) -> Result<std::vector<IoHandle>> {
     const int end = std::min(first + per, pieces);

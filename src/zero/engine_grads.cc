@@ -44,7 +44,7 @@ Status Engine::Impl::OpenGradStore() {
 Status Engine::Impl::OpenGradPieces(NvmeStoreOptions so) {
   STRATA_ASSIGN_OR_RETURN(grad_pieces,
                           OpenPieceSwap(std::move(so), 4, [this](int c) { return !Resident(c); }));
-  const uint64_t piece_bytes = zero::PieceSwap::SlotBytes(piece_shape, 4);
+  const uint64_t piece_bytes = piece_shape.SlotBytes(4);
   for (int i = 0; i < zero::kGradWritePieces + zero::kGradReadPieces; ++i) {
     STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(piece_bytes, "gradient pieces on their way to and from NVMe"));
     if (i < zero::kGradWritePieces)

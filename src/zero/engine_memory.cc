@@ -264,8 +264,8 @@ Status Engine::Impl::AllocateShards(const zero::EnginePlan& plan) {
   // Streamed compute values go out in pieces; staging is for the gathers from NVMe only.
   const bool staging = !(StreamsCompute() && param_tier != ZeroTier::kNvme);
   for (int i = 0; StreamsCompute() && param_tier != ZeroTier::kNvme && i < zero::kStreamWritePieces; ++i) {
-    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(zero::PieceSwap::SlotBytes(piece_shape, csize),
-                                               "parameter pieces on their way from the optimizer"));
+    STRATA_ASSIGN_OR_RETURN(
+        void* p, HostAlloc(piece_shape.SlotBytes(csize), "parameter pieces on their way from the optimizer"));
     out_pieces.Add(p);
   }
   if (staging && (stage == 3 || opt_tier != ZeroTier::kDevice)) {
@@ -285,7 +285,7 @@ Result<std::unique_ptr<zero::PieceSwap>> Engine::Impl::OpenPieceSwap(
     chunks[c] = on_disk(c);
     for (int p = 0; chunks[c] && p < piece_shape.pieces; ++p) live += piece_shape.Live(c, p);
   }
-  so.slot_size = zero::PieceSwap::SlotBytes(piece_shape, elem_bytes);
+  so.slot_size = piece_shape.SlotBytes(elem_bytes);
   so.slot_count = live;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<NvmeStore> store, NvmeStore::Open(*io, so));
   return zero::PieceSwap::Create(std::move(store), piece_shape, chunks, elem_bytes);
@@ -295,8 +295,8 @@ Status Engine::Impl::OpenParamPieces(NvmeStoreOptions so) {
   STRATA_ASSIGN_OR_RETURN(param_pieces,
                           OpenPieceSwap(std::move(so), csize, [this](int c) { return !ParamResident(c); }));
   for (int i = 0; i < zero::kStreamWritePieces; ++i) {
-    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(zero::PieceSwap::SlotBytes(piece_shape, csize),
-                                               "parameter pieces on their way to NVMe"));
+    STRATA_ASSIGN_OR_RETURN(void* p,
+                            HostAlloc(piece_shape.SlotBytes(csize), "parameter pieces on their way to NVMe"));
     param_pieces->AddWriteBuffer(static_cast<float*>(p));
   }
   return OkStatus();

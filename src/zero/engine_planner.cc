@@ -163,13 +163,7 @@ void EnginePlanner::PlanHostNeed() {
 }
 
 uint64_t EnginePlanner::GradDiskBytes() const {
-  return out_.stream_grads ? PiecesDiskBytes(4) : out_.grad_slot_bytes;
-}
-
-uint64_t EnginePlanner::PiecesDiskBytes(size_t elem_bytes) const {
-  uint64_t bytes = 0;
-  for (int p = 0; p < out_.pieces.pieces; ++p) bytes += Align4K(out_.pieces.Elems(p) * elem_bytes);
-  return bytes;
+  return out_.stream_grads ? out_.pieces.ShardSlotBytes(4) : out_.grad_slot_bytes;
 }
 
 void EnginePlanner::PlanHostNeedAs(bool stream, bool stream_grads) {
@@ -180,7 +174,7 @@ void EnginePlanner::PlanHostNeedAs(bool stream, bool stream_grads) {
   out_.grad_tier = opt_tier_ == ZeroTier::kDevice ? ZeroTier::kDevice : ZeroTier::kHost;
   out_.stream_pieces = stream ? kStreamPieces : 0;
   out_.stream_grads = false;
-  out_.param_stage_bytes = stream ? 2ull * kStreamPieces * PieceSlotBytes(csize_) : out16;
+  out_.param_stage_bytes = stream ? 2ull * kStreamPieces * out_.pieces.SlotBytes(csize_) : out16;
   if (stage_ == 3 && param_tier_ == ZeroTier::kHost) {
     h.Add(Part("the " + dt + " parameter shards", n_chunks * Align4K(l.shard_elems * csize_),
                NeedScale::kModel, "offload_param.device \"nvme\"", true));
@@ -227,7 +221,7 @@ void EnginePlanner::PlanHostNeedAs(bool stream, bool stream_grads) {
     h.Add(Part("pinned pieces of " + dt + " parameters on their way " +
                    (param_tier_ == ZeroTier::kNvme ? "to NVMe" : "from the optimizer") + " (" +
                    std::to_string(kStreamWritePieces) + ")",
-               kStreamWritePieces * PieceSlotBytes(csize_), NeedScale::kFixed,
+               kStreamWritePieces * out_.pieces.SlotBytes(csize_), NeedScale::kFixed,
                "lower zero_optimization.sub_group_size (smaller NVMe optimizer pieces)"));
   }
   if (out_.publish_behind && !stream) {
@@ -309,12 +303,12 @@ void EnginePlanner::PlanNvmeNeed() {
   const std::string opt_disks = more_disks(oo, "zero_optimization.offload_optimizer.nvme_path");
   if (stage_ == 3 && param_tier_ == ZeroTier::kNvme && !out_.param_from_master) {
     const OffloadConfig& op = config_.zero.offload_param;
-    out_.nvme.Add(
-        Part("the " + std::string(DTypeName(compute_)) + " parameter shards" +
-                 (out_.stream_pieces > 0 ? ", a slot per piece" : ""),
-             n_chunks * (out_.stream_pieces > 0 ? PiecesDiskBytes(csize_) : Align4K(l.shard_elems * csize_)),
-             NeedScale::kModel, more_disks(op, "zero_optimization.offload_param.nvme_path"), true,
-             SwapPaths(config_, op)));
+    out_.nvme.Add(Part("the " + std::string(DTypeName(compute_)) + " parameter shards" +
+                           (out_.stream_pieces > 0 ? ", a slot per piece" : ""),
+                       n_chunks * (out_.stream_pieces > 0 ? out_.pieces.ShardSlotBytes(csize_)
+                                                          : Align4K(l.shard_elems * csize_)),
+                       NeedScale::kModel, more_disks(op, "zero_optimization.offload_param.nvme_path"), true,
+                       SwapPaths(config_, op)));
   }
   if (opt_tier_ == ZeroTier::kNvme) {
     out_.nvme.Add(Part("the optimizer state (fp32 master, m and v, in two slots: committed and next)",

@@ -120,10 +120,6 @@ class EnginePlanner {
   void PlanNvmeGradients(TierNeed& h, bool stream, bool stream_grads, int resident);
   // NVMe bytes of one chunk's gradient shard: one slot, or a slot per piece.
   uint64_t GradDiskBytes() const;
-  // A chunk's live and dead pieces of `elem_bytes` each, a 4 KiB-aligned slot per piece.
-  uint64_t PiecesDiskBytes(size_t elem_bytes) const;
-  // One piece of `elem_bytes` per element, 4 KiB aligned: a slot and a pinned buffer.
-  uint64_t PieceSlotBytes(size_t elem_bytes) const { return Align4K(out_.pieces.piece_elems * elem_bytes); }
   // strata.optimizer_resident set: adds the state of the chunks it asks for to the host
   // need `h`; their count (0 when unset). PlanExtras marks which (residency_plan.h).
   int PlanExplicitResidency(TierNeed& h);

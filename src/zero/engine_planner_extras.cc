@@ -66,8 +66,9 @@ void EnginePlanner::PlanExtras() {
                                     ? 2ull * out_.pieces.pieces * out_.opt_set_bytes +
                                           (out_.grad_tier == ZeroTier::kNvme ? GradDiskBytes() : 0)
                                     : 0;
-  const uint64_t param_slot =
-      out_.stream_pieces > 0 && !out_.param_from_master ? PiecesDiskBytes(csize_) : ParamShardBytes();
+  const uint64_t param_slot = out_.stream_pieces > 0 && !out_.param_from_master
+                                  ? out_.pieces.ShardSlotBytes(csize_)
+                                  : ParamShardBytes();
   const uint64_t params_off_disk = out_.param_resident_chunks * param_slot;
   out_.nvme_need = out_.nvme.Total() - resident * per_resident - params_off_disk;
 }

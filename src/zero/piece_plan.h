@@ -35,6 +35,14 @@ struct PieceShape {
   int64_t Elems(int p) const { return std::min<int64_t>(piece_elems, opt_elems - p * piece_elems); }
   // One piece's master | m | v, as a staging set and an NVMe slot hold it.
   uint64_t Bytes(int p) const { return (3 * Elems(p) * 4 + 4095) / 4096 * 4096; }
+  // One piece of `elem_bytes` per element as a swap slot or pinned buffer holds it, and a
+  // chunk's shard as a swap of such slots holds it (piece_swap.h).
+  uint64_t SlotBytes(size_t elem_bytes) const { return (piece_elems * elem_bytes + 4095) / 4096 * 4096; }
+  uint64_t ShardSlotBytes(size_t elem_bytes) const {
+    uint64_t bytes = 0;
+    for (int p = 0; p < pieces; ++p) bytes += (Elems(p) * elem_bytes + 4095) / 4096 * 4096;
+    return bytes;
+  }
   int Key(int chunk, int p) const { return chunk * pieces + p; }
   bool Live(int chunk, int p) const { return live.empty() || live[Key(chunk, p)]; }
 };

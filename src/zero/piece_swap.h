@@ -26,14 +26,11 @@ namespace strata::zero {
 class PieceSwap {
  public:
   // Slots for the live pieces of the chunks marked in `on_disk` (by chunk), of
-  // `elem_bytes` per element; the store's slots must hold a piece (SlotBytes). Writes go
+  // `elem_bytes` per element; the store's slots must hold a piece (PieceShape::SlotBytes). Writes go
   // through the write buffers, a PieceReader's reads through the read buffers (pinned,
-  // SlotBytes long each).
+  // PieceShape::SlotBytes long each).
   static Result<std::unique_ptr<PieceSwap>> Create(std::unique_ptr<NvmeStore> store, const PieceShape& shape,
                                                    const std::vector<uint8_t>& on_disk, size_t elem_bytes);
-  static uint64_t SlotBytes(const PieceShape& shape, size_t elem_bytes) {
-    return Align(shape.piece_elems * elem_bytes);
-  }
   void AddWriteBuffer(float* buf) { write_pool_.Add(buf); }
   void AddReadBuffer(float* buf) { read_pool_.Add(buf); }
 
