@@ -130,7 +130,7 @@ Config CandidateConfig(const Config& base, int stage, OffloadDevice opt, Offload
 Result<LaneRates> MeasurePlanRates(const PlanRequest& r) {
   if (r.world_size < 1) return InvalidArgumentError("plan: the world size must be at least 1");
   const std::vector<std::string>& paths = SwapPaths(r.base, r.base.zero.offload_optimizer);
-  const int64_t adam = std::min<int64_t>(r.model.params / r.world_size, 16 << 20);
+  const int64_t adam = r.model.params / r.world_size;
   STRATA_ASSIGN_OR_RETURN(LaneRates rates, MeasureLaneRates(paths.empty() ? "" : paths.front(), adam));
   STRATA_RETURN_IF_ERROR(CalibrateEngine(r.base, r.model, r.micro_batch, &rates));
   return rates;

@@ -135,7 +135,10 @@ LaneRates BestOf(const LaneRates& a, const LaneRates& b) {
 Result<LaneRates> MeasureLaneRates(const std::string& nvme_dir, int64_t adam_params,
                                    uint64_t nvme_probe_bytes, double read_fraction) {
   LaneRates r;
-  STRATA_ASSIGN_OR_RETURN(r.adam_params_per_s, MeasureAdam(std::max<int64_t>(adam_params, 1 << 20)));
+  // Past the caches Adam's rate is per parameter, so a large shard is probed at 16M: the
+  // probe holds its own p, m, v and g, which for a 2B shard would not fit beside the run.
+  STRATA_ASSIGN_OR_RETURN(r.adam_params_per_s,
+                          MeasureAdam(std::clamp<int64_t>(adam_params, 1 << 20, 16 << 20)));
   r.copy_bytes_per_s = MeasureCopy();
   if (!nvme_dir.empty()) STRATA_RETURN_IF_ERROR(MeasureNvme(nvme_dir, nvme_probe_bytes, read_fraction, &r));
   return r;

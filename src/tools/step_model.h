@@ -50,9 +50,9 @@ nlohmann::json RatesToJson(const LaneRates& r);
 // report's rates lack the compute and engine rates: those read as 0 (unmeasured).
 Result<LaneRates> RatesFromJson(const nlohmann::json& j);
 
-// Measures the rates: Adam over `adam_params` parameters, memcpy over 64 MiB, and when
-// nvme_dir is not empty, O_DIRECT reads and writes of a file of nvme_probe_bytes there
-// (at least 64 MiB) with the I/O engine (1 MiB blocks, queue depth 32, buffers on huge
+// Measures the rates: Adam over `adam_params` parameters (1M-16M of them), memcpy over
+// 64 MiB, and when nvme_dir is not empty, O_DIRECT reads and writes of a file of
+// nvme_probe_bytes there (at least 64 MiB) with the I/O engine (1 MiB blocks, queue depth 32, buffers on huge
 // pages as the engine's). A probe as large as a step's traffic measures the rate the
 // disk sustains over a step, not a burst its write cache absorbs; each rate is the best
 // of three passes. The mixed pass reads and writes at once, read_fraction of its bytes
