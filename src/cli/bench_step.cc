@@ -85,7 +85,7 @@ void RunBench(const TrainFlags& f, bool swap) {
   o.steps = f.steps;
   o.micro_batch = p.config.train_micro_batch_size_per_gpu;
   o.compare_serial = !f.no_overlap;
-  o.measure_rates = true;
+  o.measure_rates = !f.no_probes;
   std::string text;
   Result<nlohmann::json> report = nlohmann::json();
   if (f.repeat <= 1) {
@@ -125,6 +125,9 @@ void AddBenchStepCommand(CLI::App& bench) {
   cmd->add_option("--repeat", f->repeat, "whole rounds (run, probe, overlap off, probe); medians reported")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
+  cmd->add_flag("--no-probes", f->no_probes,
+                "skip the disk, Adam and copy probes: steps, bytes and peaks only, with no model bound or "
+                "efficiency (a grid of runs that needs only those)");
   cmd->callback([f] { RunBench(*f, /*swap=*/false); });
 }
 

@@ -42,6 +42,7 @@ struct TrainFlags {
   bool overlap = false, no_overlap = false, json = false, keep_swap = false;
   bool swap_bench = false;  // bench swap: the optimizer state swaps unless the config says
   int repeat = 1;           // bench step: whole rounds, medians reported
+  bool no_probes = false;   // bench step: no lane probes, so no bound (steps and bytes only)
   std::string trace;
 };
 
