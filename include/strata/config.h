@@ -122,6 +122,10 @@ struct StrataConfig {
   // stays in pinned host memory instead (0-1), or -1 ("auto"): as many as the host
   // budget holds after everything else (optimizer residency included).
   double param_resident = -1;
+  // Stage 3 with offload_param nvme: the fraction of chunks whose 16-bit parameter shard
+  // stays in device memory instead (0-1, a fixed device need), or -1 ("auto"): as many
+  // as the device budget holds after the gather window and the kept chunks.
+  double param_on_device = -1;
   double collective_timeout_s = 300;
 };
 

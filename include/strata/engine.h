@@ -195,6 +195,11 @@ struct EngineLayoutInfo {
   // holds after everything else), chosen as those the forward needs first. Their gathers
   // and publishes touch no disk. Always 0 with params_in_optimizer_state.
   int param_resident_chunks = 0;
+  // Stage 3 with offload_param nvme: chunks whose parameter shard stays in device memory
+  // (strata.param_on_device; by default as many as the device budget holds after the
+  // gather window and the kept chunks). Their gathers read no disk and copy nothing from
+  // the host. Always 0 with params_in_optimizer_state.
+  int param_device_chunks = 0;
   // Stage 3, fp32 compute, optimizer and parameters both on NVMe: a gather reads the
   // parameter shard from the master part of the optimizer state on disk, so there is no
   // parameter swap and each step writes 4 bytes per parameter less. False when

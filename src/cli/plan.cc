@@ -129,6 +129,10 @@ std::string Report(const tools::PlanRequest& r, const std::vector<tools::PlanCan
       resident =
           (resident == "-" ? "" : resident + ", ") + "params " + std::to_string(l.param_resident_chunks) + of;
     }
+    if (l.param_device_chunks > 0) {
+      resident = (resident == "-" ? "" : resident + ", ") + "params " +
+                 std::to_string(l.param_device_chunks) + of + " on device";
+    }
     t.AddRow({std::to_string(++n), c.name, FormatBytes(l.device_need), FormatBytes(l.host_need),
               FormatBytes(c.process.total()), FormatBytes(l.nvme_need), resident,
               c.config.strata.overlap ? "on" : "off", FormatSeconds(c.predicted_s), c.critical_lane});

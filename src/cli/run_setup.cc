@@ -130,6 +130,14 @@ void PrintConfigSummary(const Config& c, const Origins& origin, const EngineLayo
           c.strata.param_resident < 0 ? "auto (what the host budget holds)"
                                       : FormatDouble("%g", c.strata.param_resident).c_str(),
           Origin(origin, "strata.param_resident").c_str());
+      std::printf(
+          "  parameter shards in device memory: %d of %d chunks (%s); strata.param_on_device %s%s\n",
+          l.param_device_chunks, l.num_chunks,
+          FormatBytes(static_cast<uint64_t>(l.param_device_chunks) * l.shard_elems * tools::ComputeBytes(c))
+              .c_str(),
+          c.strata.param_on_device < 0 ? "auto (what the device budget holds after the gather buffers)"
+                                       : FormatDouble("%g", c.strata.param_on_device).c_str(),
+          Origin(origin, "strata.param_on_device").c_str());
     }
   }
   if (l.param_stream_pieces > 0 && !l.params_in_optimizer_state) {

@@ -209,10 +209,12 @@ Result<Config> BuildConfig(const TrainFlags& f, std::map<std::string, std::strin
     s["optimizer_resident"] = 0;
     (*origin)["strata.optimizer_resident"] = "bench swap: 0 unless the config sets it (all on NVMe)";
   }
-  if (f.swap_bench && !s.contains("param_resident") && z.value("stage", 0) == 3 &&
-      z.contains("offload_param") && z["offload_param"].value("device", "") == "nvme") {
-    s["param_resident"] = 0;
-    (*origin)["strata.param_resident"] = "bench swap: 0 unless the config sets it (all on NVMe)";
+  for (const char* key : {"param_resident", "param_on_device"}) {
+    if (f.swap_bench && !s.contains(key) && z.value("stage", 0) == 3 && z.contains("offload_param") &&
+        z["offload_param"].value("device", "") == "nvme") {
+      s[key] = 0;
+      (*origin)[std::string("strata.") + key] = "bench swap: 0 unless the config sets it (all on NVMe)";
+    }
   }
   if (!f.trace.empty()) s["trace_file"] = f.trace;
   Apply(j, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu", f.micro_batch, "--micro-batch",

@@ -220,6 +220,7 @@ Status ReadStrata(JsonReader& r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Enum("plan", {"off", "auto"}, &s->plan));
   STRATA_RETURN_IF_ERROR(r.DoubleOrAuto("optimizer_resident", 0, 1, &s->optimizer_resident));
   STRATA_RETURN_IF_ERROR(r.DoubleOrAuto("param_resident", 0, 1, &s->param_resident));
+  STRATA_RETURN_IF_ERROR(r.DoubleOrAuto("param_on_device", 0, 1, &s->param_on_device));
   STRATA_RETURN_IF_ERROR(r.Double("collective_timeout_s", 0.001, 1e7, &s->collective_timeout_s));
   return r.Finish();
 }
@@ -410,6 +411,7 @@ nlohmann::json ConfigToJson(const Config& c) {
       {"optimizer_resident",
        s.optimizer_resident < 0 ? nlohmann::json("auto") : nlohmann::json(s.optimizer_resident)},
       {"param_resident", s.param_resident < 0 ? nlohmann::json("auto") : nlohmann::json(s.param_resident)},
+      {"param_on_device", s.param_on_device < 0 ? nlohmann::json("auto") : nlohmann::json(s.param_on_device)},
       {"collective_timeout_s", s.collective_timeout_s}};
   return j;
 }

@@ -59,6 +59,7 @@ Status CalibrateEngine(const Config& base, const PlanModel& model, int64_t micro
   c.strata.plan = "off";
   c.strata.optimizer_resident = -1;
   c.strata.param_resident = -1;  // the parameters stay on the device
+  c.strata.param_on_device = -1;
   c.strata.gradients = "auto";
   c.strata.trace_file.clear();
   c.gradient_accumulation_steps = 1;

@@ -194,6 +194,7 @@ nlohmann::json ToJson(const PlanCandidate& c) {
                  {"optimizer_resident_chunks", l.optimizer_resident_chunks},
                  {"optimizer_device_chunks", l.optimizer_device_chunks},
                  {"param_resident_chunks", l.param_resident_chunks},
+                 {"param_device_chunks", l.param_device_chunks},
                  {"kept_chunks", l.kept_chunks},
                  {"gradients_on_nvme", l.gradients_on_nvme},
                  {"params_in_optimizer_state", l.params_in_optimizer_state}};

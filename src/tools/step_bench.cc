@@ -194,8 +194,8 @@ std::string RunText(const Config& c, const StepBenchOptions& o, int world_size, 
     out += "  parameter shards     read from the optimizer state's master on NVMe (no parameter swap)\n";
   } else if (c.zero.stage == 3 && c.zero.offload_param.device == OffloadDevice::kNvme) {
     out += "  parameters resident  " + std::to_string(main.layout.param_resident_chunks) + " of " +
-           std::to_string(main.layout.num_chunks) +
-           " chunks' shards in pinned host memory, the rest on NVMe\n";
+           std::to_string(main.layout.num_chunks) + " chunks' shards in pinned host memory, " +
+           std::to_string(main.layout.param_device_chunks) + " in device memory, the rest on NVMe\n";
   }
   return out;
 }
@@ -237,6 +237,7 @@ nlohmann::json HeaderJson(const Config& c, const StepBenchOptions& o, int world_
                 {"optimizer_resident_chunks", main.layout.optimizer_resident_chunks},
                 {"optimizer_device_chunks", main.layout.optimizer_device_chunks},
                 {"param_resident_chunks", main.layout.param_resident_chunks},
+                {"param_device_chunks", main.layout.param_device_chunks},
                 {"params_in_optimizer_state", main.layout.params_in_optimizer_state},
                 {"carried_chunks", main.layout.carried_chunks},
                 {"description", o.model.description}};

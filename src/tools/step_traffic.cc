@@ -53,7 +53,11 @@ LaneWork PredictTraffic(const Config& c, int world_size, const EngineLayoutInfo&
     // but for those kept between the two; carried chunks skip the next forward's.
     gathers = a * (2 * chunks - l.kept_chunks) - (a - 1) * l.carried_chunks;
     w.comm_bytes += gathers * chunk * cs;
-    if (par_dev != OffloadDevice::kNone) w.copy_bytes += gathers * shard * cs;
+    // A shard kept on the device (strata.param_on_device) is gathered from there, and
+    // its step's values go up once. Its gathers are taken as a share of all of them.
+    const double on_device = l.param_device_chunks;
+    if (par_dev != OffloadDevice::kNone) w.copy_bytes += gathers * (chunks - on_device) / chunks * shard * cs;
+    w.copy_bytes += on_device * opt * cs;
   }
   if (opt_dev != OffloadDevice::kNone)
     w.copy_bytes += a * (chunks - on_device) * opt * 4;  // gradients to the host
@@ -77,16 +81,20 @@ LaneWork PredictTraffic(const Config& c, int world_size, const EngineLayoutInfo&
     }
   }
   if (par_dev == OffloadDevice::kNvme) {
-    // Chunks whose shard stays in host memory (strata.param_resident) read and write none;
-    // the others are read at every gather but the forward's first of the chunks whose
-    // updated shard the step left in memory (fresh_param_shards).
-    const double on_disk = chunks - l.param_resident_chunks;
+    // Chunks whose shard stays in host or device memory (strata.param_resident,
+    // param_on_device), or whose master does (optimizer_resident, where the gathers read
+    // the master), read and write none; the others are read at every gather but the
+    // forward's first of the chunks whose updated shard the step left in memory
+    // (fresh_param_shards).
+    const double on_disk =
+        chunks - (l.params_in_optimizer_state ? l.optimizer_resident_chunks
+                                              : l.param_resident_chunks + l.param_device_chunks);
     const double from_disk = std::max(0.0, gathers * on_disk / chunks - l.fresh_param_shards);
     // From the master: the live pieces' (a piece wholly in padding is not read).
     const double shard_read = l.params_in_optimizer_state ? PieceBytesPerChunk(l, shard, 4) : shard * cs;
     w.nvme_read_bytes += from_disk * shard_read;
     w.nvme_param_read_bytes = from_disk * shard_read;
-    if (!l.params_in_optimizer_state) w.nvme_write_bytes += on_disk * chunks * opt * cs;
+    if (!l.params_in_optimizer_state) w.nvme_write_bytes += on_disk * opt * cs;
   }
   return w;
 }

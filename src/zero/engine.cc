@@ -118,6 +118,11 @@ Status CheckOffloadKeys(const Config& config) {
         "strata.param_resident: keeps part of the NVMe parameter shards in pinned host memory; it needs "
         "zero_optimization.stage 3 with offload_param.device \"nvme\" (leave it \"auto\" otherwise)");
   }
+  if (config.strata.param_on_device >= 0 && (stage != 3 || param_tier != ZeroTier::kNvme)) {
+    return InvalidArgumentError(
+        "strata.param_on_device: keeps part of the NVMe parameter shards in device memory; it needs "
+        "zero_optimization.stage 3 with offload_param.device \"nvme\" (leave it \"auto\" otherwise)");
+  }
   const double ratio = config.zero.offload_optimizer.ratio;
   if (!(ratio >= 0 && ratio <= 1) || (ratio != 1 && opt_tier != ZeroTier::kHost)) {
     return InvalidArgumentError("zero_optimization.offload_optimizer.ratio: " + std::to_string(ratio) +

@@ -141,14 +141,13 @@ struct Engine::Impl {
   // Stage 3 with params_from_master: a resident chunk's gathers copy its shard from the
   // master in memory, which is then always its fresh copy (SetFresh).
   void* ResidentShard(int chunk) { return param_from_master && Resident(chunk) ? StateOf(chunk) : nullptr; }
-  // Stage 3 with param_tier nvme: by chunk, whether its parameter shard stays in pinned
-  // host memory instead (strata.param_resident, residency_plan.h); empty when none does.
-  // Such a chunk is gathered and published as on the host tier and has no NVMe slot.
-  std::vector<uint8_t> param_resident;
-  bool ParamResident(int chunk) const { return !param_resident.empty() && param_resident[chunk]; }
-  ZeroTier ParamTierOf(int chunk) const { return ParamResident(chunk) ? ZeroTier::kHost : param_tier; }
-  // Whether the parameter shards have an NVMe swap of their own (stage 3, nvme tier, not
-  // read from the optimizer's master): what strata.param_resident applies to.
+  // Stage 3 with a parameter swap: by chunk, the tier of its parameter shard where it
+  // is kept off the disk: pinned host memory (strata.param_resident) or device memory
+  // (strata.param_on_device), chosen by the plan (residency_plan.h); empty when none is.
+  // Such a chunk is gathered and published as on that tier and has no NVMe slot.
+  std::vector<ZeroTier> param_tiers;
+  ZeroTier ParamTierOf(int chunk) const { return param_tiers.empty() ? param_tier : param_tiers[chunk]; }
+  bool ParamOnDisk(int chunk) const { return ParamTierOf(chunk) == ZeroTier::kNvme; }
   DType compute = DType::kF32;
   size_t csize = 4;        // bytes per compute element
   int64_t opt_elems = 0;   // elements of a chunk this rank steps

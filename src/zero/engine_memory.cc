@@ -62,9 +62,12 @@ Status Engine::Impl::PlanLayout(zero::EnginePlan& plan) {
       static_cast<int>(std::count(piece_shape.live.begin(), piece_shape.live.end(), 0));
   info.optimizer_resident_chunks = static_cast<int>(std::count(opt_resident.begin(), opt_resident.end(), 1));
   info.optimizer_device_chunks = static_cast<int>(std::count(opt_on_device.begin(), opt_on_device.end(), 1));
-  info.fresh_param_shards = publish_behind && stream_pieces == 0
-                                ? std::min(zero::kOut16Staging, l.num_chunks - info.param_resident_chunks)
-                                : 0;
+  // The chunks whose shard lives on disk; a resident chunk's master is its shard.
+  const int params_on_disk = param_from_master
+                                 ? l.num_chunks - info.optimizer_resident_chunks
+                                 : l.num_chunks - info.param_resident_chunks - info.param_device_chunks;
+  info.fresh_param_shards =
+      publish_behind && stream_pieces == 0 ? std::min(zero::kOut16Staging, params_on_disk) : 0;
   info.param_stream_pieces = stream_pieces;
   info.gradient_pieces_on_nvme = stream_grads;
   STRATA_LOG(kDebug, "engine") << "layout: " << l.num_params << " params in " << l.num_chunks << " chunks of "
@@ -91,7 +94,7 @@ void Engine::Impl::TakePlan(const zero::EnginePlan& plan) {
   grad_tier = plan.grad_tier;
   opt_on_device = plan.opt_on_device;
   opt_resident = plan.opt_resident;
-  param_resident = plan.param_resident;
+  param_tiers = plan.param_tiers;
   grad_buffers = plan.grad_buffers;
   opt_staging_count = plan.opt_staging_count;
   grad_host_count = plan.grad_host_count;
@@ -101,6 +104,7 @@ void Engine::Impl::TakePlan(const zero::EnginePlan& plan) {
   recv_staging_elems = plan.recv_staging_elems;
   gather_plan = plan.gather;
   info.param_resident_chunks = plan.param_resident_chunks;
+  info.param_device_chunks = plan.param_device_chunks;
   info.kept_chunks = gather_plan.kept_count();
   info.carried_chunks = gather_plan.carried_count();
   info.device_need = plan.device_need;
@@ -293,7 +297,7 @@ Result<std::unique_ptr<zero::PieceSwap>> Engine::Impl::OpenPieceSwap(
 
 Status Engine::Impl::OpenParamPieces(NvmeStoreOptions so) {
   STRATA_ASSIGN_OR_RETURN(param_pieces,
-                          OpenPieceSwap(std::move(so), csize, [this](int c) { return !ParamResident(c); }));
+                          OpenPieceSwap(std::move(so), csize, [this](int c) { return ParamOnDisk(c); }));
   for (int i = 0; i < zero::kStreamWritePieces; ++i) {
     STRATA_ASSIGN_OR_RETURN(void* p,
                             HostAlloc(piece_shape.SlotBytes(csize), "parameter pieces on their way to NVMe"));
@@ -323,7 +327,8 @@ Status Engine::Impl::OpenNvmeStores() {
     STRATA_RETURN_IF_ERROR(nvme_opt->AttachStore(std::move(store)));
   }
   if (grad_tier == ZeroTier::kNvme) STRATA_RETURN_IF_ERROR(OpenGradStore());
-  const int params_on_disk = static_cast<int>(n_chunks) - info.param_resident_chunks;
+  const int params_on_disk =
+      static_cast<int>(n_chunks) - info.param_resident_chunks - info.param_device_chunks;
   if (param_tier == ZeroTier::kNvme && !param_from_master && params_on_disk > 0) {
     NvmeStoreOptions so;
     so.paths = SwapPaths(config, config.zero.offload_param);
@@ -334,7 +339,7 @@ Status Engine::Impl::OpenNvmeStores() {
     if (StreamsCompute()) return OpenParamPieces(so);
     STRATA_ASSIGN_OR_RETURN(param_store, NvmeStore::Open(*io, so));
     for (int c = 0; c < static_cast<int>(n_chunks); ++c) {
-      if (ParamResident(c)) continue;
+      if (!ParamOnDisk(c)) continue;
       STRATA_ASSIGN_OR_RETURN(param_shard[c].slot, param_store->Allocate());
     }
   }

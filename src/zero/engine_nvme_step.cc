@@ -275,7 +275,7 @@ Status Engine::Impl::PlaceSteppedShard(int chunk, void* out, bool on_host, Statu
     } else if (out != nullptr) {
       out16_staging.Give(out);
     }
-  } else if (publish_behind && ParamResident(chunk)) {
+  } else if (publish_behind && !ParamOnDisk(chunk)) {
     if (s.ok()) s = PublishParams(chunk, out, /*from_host=*/true);
     if (out != nullptr) out16_staging.Give(out);
   } else if (publish_behind) {

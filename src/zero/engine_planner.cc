@@ -108,6 +108,7 @@ void EnginePlanner::PlanDeviceNeed() {
       d.Add(Part("the " + dt + " parameter shards", n_chunks * l.shard_elems * csize_, NeedScale::kModel,
                  "offload_param.device \"cpu\" or \"nvme\"", true));
     }
+    PlanExplicitParamDevice(d);
   }
   const int on_device = DeviceChunkCount();
   out_.opt_on_device.clear();
@@ -291,6 +292,17 @@ void EnginePlanner::PlanExplicitParamResidency(TierNeed& h) {
              count * ParamShardBytes(), NeedScale::kModel, "lower strata.param_resident", true));
 }
 
+void EnginePlanner::PlanExplicitParamDevice(TierNeed& d) {
+  const double fraction = config_.strata.param_on_device;
+  if (!ParamsSwapped() || fraction < 0) return;
+  const int count = ResidentCount(layout_.num_chunks, fraction);
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", fraction);
+  d.Add(Part("the " + std::string(DTypeName(compute_)) + " parameter shards of the " + Chunks(count) +
+                 " kept on the device (strata.param_on_device " + text + ")",
+             count * DeviceShardBytes(), NeedScale::kModel, "lower strata.param_on_device", true));
+}
+
 void EnginePlanner::PlanNvmeNeed() {
   const Layout& l = layout_;
   const uint64_t n_chunks = l.num_chunks;
@@ -324,11 +336,28 @@ void EnginePlanner::PlanNvmeNeed() {
 
 Status EnginePlanner::PlanMemory() {
   PlanPieces();
-  if (out_.param_from_master && config_.strata.param_resident > 0) {
+  for (const auto& [key, fraction] :
+       {std::pair<const char*, double>{"param_resident", config_.strata.param_resident},
+        {"param_on_device", config_.strata.param_on_device}}) {
+    if (out_.param_from_master && fraction > 0) {
+      return InvalidArgumentError(
+          std::string("strata.") + key +
+          ": with fp32 compute and both the optimizer state and the parameters on NVMe, a gather reads the "
+          "parameter shard from the optimizer's master, so there is no parameter swap to keep in memory; "
+          "strata.optimizer_resident keeps chunks (their master included) in memory instead");
+    }
+  }
+  const int n = layout_.num_chunks;
+  const int host_count =
+      config_.strata.param_resident >= 0 ? ResidentCount(n, config_.strata.param_resident) : 0;
+  const int device_count =
+      config_.strata.param_on_device >= 0 ? ResidentCount(n, config_.strata.param_on_device) : 0;
+  if (host_count + device_count > n) {
     return InvalidArgumentError(
-        "strata.param_resident: with fp32 compute and both the optimizer state and the parameters on NVMe, "
-        "a gather reads the parameter shard from the optimizer's master, so there is no parameter swap to "
-        "keep in memory; strata.optimizer_resident keeps chunks (their master included) in memory instead");
+        "strata.param_resident and strata.param_on_device: together they keep " +
+        std::to_string(host_count + device_count) + " parameter shards off the disk, and there are " +
+        std::to_string(n) +
+        " chunks; lower one of them, or leave one \"auto\" (it takes what the other leaves)");
   }
   PlanDeviceNeed();
   out_.device_budget = facts_.device_budget;

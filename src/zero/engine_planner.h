@@ -83,9 +83,13 @@ struct EnginePlan {
   bool publish_behind = false, param_from_master = false;
   ZeroTier grad_tier = ZeroTier::kDevice;  // where the fp32 gradient shard waits
   // By chunk (empty when none): state on the device under a CPU optimizer (ratio);
-  // state of the NVMe optimizer kept in pinned memory; 16-bit shards kept in memory.
-  std::vector<uint8_t> opt_on_device, opt_resident, param_resident;
-  int param_resident_chunks = 0;
+  // state of the NVMe optimizer kept in pinned memory.
+  std::vector<uint8_t> opt_on_device, opt_resident;
+  // Stage 3 with a parameter swap: by chunk, the tier of its 16-bit shard, host
+  // (strata.param_resident) or device (strata.param_on_device) for those kept off the
+  // disk; empty when every shard is on NVMe.
+  std::vector<ZeroTier> param_tiers;
+  int param_resident_chunks = 0, param_device_chunks = 0;
   // The optional parts.
   int spares = 0;             // speculation spares
   int opt_staging_count = 0;  // NVMe optimizer staging sets
@@ -125,6 +129,8 @@ class EnginePlanner {
   int PlanExplicitResidency(TierNeed& h);
   // strata.param_resident as a fraction: the shards it keeps, a fixed host need.
   void PlanExplicitParamResidency(TierNeed& h);
+  // strata.param_on_device as a fraction: the shards it keeps, a fixed device need `d`.
+  void PlanExplicitParamDevice(TierNeed& d);
   void PlanNvmeNeed();
   // The fixed needs of every tier against their budgets, NVMe first (budget_check.h).
   Status PlanMemory();
@@ -135,6 +141,11 @@ class EnginePlanner {
   // `room` holds; the chunks the forward needs first. Returns the pinned bytes the auto
   // mode adds.
   uint64_t PlanParamResidency(uint64_t room);
+  // Auto strata.param_on_device: as many of the shards still on disk as `room` device
+  // bytes hold, the next ones the forward needs; returns the device bytes added.
+  uint64_t PlanParamDevice(uint64_t room);
+  // Moves `count` shards still on NVMe to `tier`: the chunks the forward needs first.
+  void MoveParamShards(ZeroTier tier, int count);
   // Stage 3: the gather buffers, prefetch window, kept and carried chunks within `room`
   // device bytes; the device bytes they add beyond the fixed gather buffers.
   uint64_t PlanGatherBuffers(uint64_t room);
@@ -144,8 +155,9 @@ class EnginePlanner {
   uint64_t RunGradBytes() const;
   uint64_t RunParamBytes() const;
   uint64_t RecvStagingElems() const;
-  uint64_t ResidentStateBytes() const { return Align4K(12ull * opt_elems_); }  // one chunk's, pinned
-  uint64_t ParamShardBytes() const { return Align4K(layout_.shard_elems * csize_); }
+  uint64_t ResidentStateBytes() const { return Align4K(12ull * opt_elems_); }         // one chunk's, pinned
+  uint64_t ParamShardBytes() const { return Align4K(layout_.shard_elems * csize_); }  // pinned
+  uint64_t DeviceShardBytes() const { return layout_.shard_elems * csize_; }
   // Stage 3 parameter shards with an NVMe swap of their own (not read from the master).
   bool ParamsSwapped() const {
     return stage_ == 3 && param_tier_ == ZeroTier::kNvme && !out_.param_from_master;

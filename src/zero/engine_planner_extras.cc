@@ -57,6 +57,8 @@ void EnginePlanner::PlanExtras() {
   }
   out_.gather = {};
   if (stage_ == 3) dev += PlanGatherBuffers(out_.device_budget.bytes - dev);
+  // What the window and the kept chunks leave keeps parameter shards on the device.
+  dev += PlanParamDevice(out_.device_budget.bytes > dev ? out_.device_budget.bytes - dev : 0);
   out_.device_need = dev;
   out_.host_need = host;
   // The disk was checked for every chunk (before residency was chosen); the stores hold
@@ -69,24 +71,48 @@ void EnginePlanner::PlanExtras() {
   const uint64_t param_slot = out_.stream_pieces > 0 && !out_.param_from_master
                                   ? out_.pieces.ShardSlotBytes(csize_)
                                   : ParamShardBytes();
-  const uint64_t params_off_disk = out_.param_resident_chunks * param_slot;
+  const uint64_t params_off_disk =
+      static_cast<uint64_t>(out_.param_resident_chunks + out_.param_device_chunks) * param_slot;
   out_.nvme_need = out_.nvme.Total() - resident * per_resident - params_off_disk;
 }
 
 uint64_t EnginePlanner::PlanParamResidency(uint64_t room) {
-  out_.param_resident.clear();
-  out_.param_resident_chunks = 0;
+  out_.param_tiers.clear();
+  out_.param_resident_chunks = out_.param_device_chunks = 0;
   if (!ParamsSwapped()) return 0;
-  const uint64_t n = layout_.num_chunks, shard = ParamShardBytes();
+  const int n = layout_.num_chunks;
+  const uint64_t shard = ParamShardBytes();
+  // An explicit device share is a fixed need (PlanExplicitParamDevice): it takes the
+  // first chunks; an auto one takes what the gather buffers leave (PlanParamDevice).
+  if (config_.strata.param_on_device >= 0) {
+    MoveParamShards(ZeroTier::kDevice, ResidentCount(n, config_.strata.param_on_device));
+  }
   const bool explicit_count = config_.strata.param_resident >= 0;
-  const int count = explicit_count ? ResidentCount(static_cast<int>(n), config_.strata.param_resident)
-                                   : static_cast<int>(std::min(n, room / shard));
-  if (count == 0) return 0;
-  out_.param_resident.assign(n, 0);
-  const std::vector<int> by_first_use = ParamResidencyOrder(layout_, trace_);
-  for (int i = 0; i < count; ++i) out_.param_resident[by_first_use[i]] = 1;
-  out_.param_resident_chunks = count;
+  const uint64_t left = n - out_.param_device_chunks;
+  const int count = explicit_count ? ResidentCount(n, config_.strata.param_resident)
+                                   : static_cast<int>(std::min(left, room / shard));
+  MoveParamShards(ZeroTier::kHost, count);
   return explicit_count ? 0 : count * shard;  // an explicit count is in the fixed needs
+}
+
+uint64_t EnginePlanner::PlanParamDevice(uint64_t room) {
+  if (!ParamsSwapped() || config_.strata.param_on_device >= 0) return 0;
+  const uint64_t on_disk = layout_.num_chunks - out_.param_resident_chunks - out_.param_device_chunks;
+  const int count = static_cast<int>(std::min(on_disk, room / DeviceShardBytes()));
+  MoveParamShards(ZeroTier::kDevice, count);
+  return count * DeviceShardBytes();
+}
+
+void EnginePlanner::MoveParamShards(ZeroTier tier, int count) {
+  if (count <= 0) return;
+  if (out_.param_tiers.empty()) out_.param_tiers.assign(layout_.num_chunks, param_tier_);
+  for (int c : ParamResidencyOrder(layout_, trace_)) {
+    if (count == 0) break;
+    if (out_.param_tiers[c] != param_tier_) continue;
+    out_.param_tiers[c] = tier;
+    --count;
+    ++(tier == ZeroTier::kHost ? out_.param_resident_chunks : out_.param_device_chunks);
+  }
 }
 
 uint64_t EnginePlanner::PlanGatherBuffers(uint64_t room) {

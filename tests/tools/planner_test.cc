@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -184,7 +185,8 @@ TEST_P(TrafficTest, MatchesTheCountersOfARealStep) {
 
 // A model of eight chunks at stage 3 with everything on NVMe: every gather reads its
 // shard from the disk but the forward's first of the chunks whose updated shard the
-// step left in memory, the last ones stepped (fresh_param_shards). A kept shard's buffer
+// step left in memory, the last ones stepped (fresh_param_shards); every bf16 shard is
+// written once a step beside the optimizer state. A kept shard's buffer
 // may be taken back for a later chunk's write while the writes behind still hold the
 // others (TakeOut16Staging), which depends on how soon the disk finishes them: with bf16
 // (a swap of its own) at most fresh_param_shards more shards are read, never fewer; in
@@ -193,10 +195,10 @@ TEST(TrafficTest, EveryGatherReadsTheDiskButTheFreshShards) {
   const model::MlpSpec spec = SquareMlp(64, 7);
   for (const char* compute : {"fp32", "bf16"}) {
     const bool bf16 = std::string(compute) == "bf16";
-    const Config c =
-        MakeConfig({3, "nvme", "nvme", 0},
-                   std::string(R"({"strata": {"overlap": true, "param_resident": 0}, "bf16": {"enabled": )") +
-                       (bf16 ? "true" : "false") + "}}");
+    const Config c = MakeConfig(
+        {3, "nvme", "nvme", 0},
+        std::string(R"({"strata": {"overlap": true, "param_resident": 0, "param_on_device": 0},)") +
+            R"("bf16": {"enabled": )" + (bf16 ? "true" : "false") + "}}");
     auto world = CreateMirrorWorld(1);
     ASSERT_TRUE(world.ok());
     Result<ModelEngine> e = CreateMlpEngine(**world, c, spec, nullptr);
@@ -212,8 +214,41 @@ TEST(TrafficTest, EveryGatherReadsTheDiskButTheFreshShards) {
     if (bf16) {
       EXPECT_LE(want, read) << compute;
       EXPECT_LE(read, want + l.fresh_param_shards * l.shard_elems * 2.0) << compute;
+      EXPECT_EQ(PredictTraffic(c, 1, l).nvme_write_bytes,
+                static_cast<double>(log->results[2].bytes_nvme_written));
     } else {
       EXPECT_NEAR(want, read, l.shard_elems * 4.0) << compute;
+    }
+  }
+}
+
+// bf16 shards on the device (strata.param_on_device), the others on NVMe, every chunk
+// kept from its forward to its backward use (one gather a step): a shard on the device
+// reads and writes no disk and goes up once a step (its new values), one on disk is
+// read, written and goes up once. Every lane is exact.
+TEST(TrafficTest, ShardsOnTheDeviceMoveNoDiskBytesAndGoUpOnce) {
+  const model::MlpSpec spec = SquareMlp(64, 7);
+  for (double fraction : {0.0, 0.5, 1.0}) {
+    const Config c = MakeConfig(
+        {3, "cpu", "nvme"},
+        R"({"bf16": {"enabled": true}, "strata": {"overlap": true, "param_resident": 0, "param_on_device": )" +
+            std::to_string(fraction) + "}}");
+    auto world = CreateMirrorWorld(1);
+    ASSERT_TRUE(world.ok());
+    Result<ModelEngine> e = CreateMlpEngine(**world, c, spec, nullptr);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    Result<zero::TrainLog> log = TrainThreeSteps(*e->engine, **world, c, spec);
+    ASSERT_TRUE(log.ok()) << log.status().ToString();
+    const EngineLayoutInfo& l = e->engine->layout_info();
+    ASSERT_EQ(l.kept_chunks, l.num_chunks);
+    EXPECT_EQ(l.param_device_chunks, static_cast<int>(std::lround(fraction * l.num_chunks))) << fraction;
+    const StepResult& r = log->results[2];
+    const LaneWork w = PredictTraffic(c, 1, l);
+    EXPECT_EQ(w.nvme_read_bytes, static_cast<double>(r.bytes_nvme_read)) << fraction;
+    EXPECT_EQ(w.nvme_write_bytes, static_cast<double>(r.bytes_nvme_written)) << fraction;
+    EXPECT_EQ(w.copy_bytes, static_cast<double>(r.bytes_h2d + r.bytes_d2h)) << fraction;
+    if (fraction == 1.0) {
+      EXPECT_EQ(r.bytes_nvme_read + r.bytes_nvme_written, 0u);
     }
   }
 }

@@ -39,12 +39,12 @@ inline void ExpectMatchesReference(const EngineRun& run, const zero::ReferenceRu
   EXPECT_LE(run.device_high_water, run.device_capacity) << what;
 }
 
-inline void CheckAllCombos(Communicator& world) {
+inline void CheckCombos(Communicator& world, const std::vector<Combo>& combos) {
   zero::TrainSpec spec = SmallSpec();
   auto ref = zero::TrainReference(MakeConfig({0, "none", "none"}), spec, world.size());
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
   EXPECT_TRUE(LossWentDown(ref->log.losses)) << "the reference does not learn";
-  for (const Combo& c : AllCombos()) {
+  for (const Combo& c : combos) {
     EngineRun run = RunEngine(world, MakeConfig(c), spec);
     ExpectMatchesReference(run, *ref, 1e-5, kAtol, kRtol,
                            ComboName(c) + " world " + std::to_string(world.size()));
@@ -57,6 +57,10 @@ inline void CheckAllCombos(Communicator& world) {
       EXPECT_GT(run.param_resident_chunks, 0) << ComboName(c);
       EXPECT_LT(run.param_resident_chunks, run.num_chunks) << ComboName(c);
     }
+    if (c.param_on_device > 0 && run.status.ok()) {
+      EXPECT_GT(run.param_device_chunks, 0) << ComboName(c);
+      EXPECT_LT(run.param_resident_chunks + run.param_device_chunks, run.num_chunks) << ComboName(c);
+    }
     if (c.ratio != 1 && run.status.ok()) {
       // The ratio's share of the chunks, rounded to the nearest, left on the device.
       EXPECT_EQ(run.device_chunks, run.num_chunks - static_cast<int>(std::lround(c.ratio * run.num_chunks)))
@@ -68,6 +72,8 @@ inline void CheckAllCombos(Communicator& world) {
     }
   }
 }
+
+inline void CheckAllCombos(Communicator& world) { CheckCombos(world, AllCombos()); }
 
 // The overlapped step (default) equals the serial one bit for bit: same arithmetic,
 // only the schedule differs.

@@ -37,6 +37,9 @@ struct Combo {
   // strata.param_resident (stage 3, parameters on NVMe): the fraction of chunks whose
   // 16-bit shard stays in memory; -1 for "auto". 0 by default, as `resident`.
   double param_resident = 0;
+  // strata.param_on_device (stage 3, parameters on NVMe): the fraction of chunks whose
+  // 16-bit shard stays in device memory; -1 for "auto". 0 by default, as `resident`.
+  double param_on_device = 0;
 };
 
 // A sub_group_size that cuts SmallSpec's chunk shards into pieces of 1024 elements, several
@@ -78,6 +81,16 @@ inline std::vector<Combo> ParamResidencyCombos() {
           {3, "cpu", "nvme", "auto", 0, 0, 0.5, 0.5},
           {3, "nvme", "nvme", "host", kSmallPieceSubGroup, 0, 1, 0.5},
           {3, "nvme", "nvme", "auto", kSmallPieceSubGroup, 0.5, 1, 0.5}};
+}
+
+// Half the NVMe parameter shards kept in device memory, with the optimizer on the CPU
+// (its publish through host staging) and on NVMe (its write-behind path), and all three
+// tiers at once: a quarter of the shards pinned in host memory, a quarter on the device,
+// the rest on NVMe beside partly resident optimizer state.
+inline std::vector<Combo> ParamDeviceCombos() {
+  return {{3, "cpu", "nvme", "auto", 0, 0, 1, 0, 0.5},
+          {3, "nvme", "nvme", "host", kSmallPieceSubGroup, 0, 1, 0, 0.5},
+          {3, "nvme", "nvme", "auto", kSmallPieceSubGroup, 0.5, 1, 0.25, 0.25}};
 }
 
 // Every combination DeepSpeed allows: offload needs stage >= 1, NVMe optimizer offload
@@ -123,6 +136,10 @@ inline std::string ComboName(const Combo& c) {
          (c.param_resident != 0
               ? "/param_resident=" +
                     (c.param_resident < 0 ? std::string("auto") : std::to_string(c.param_resident))
+              : "") +
+         (c.param_on_device != 0
+              ? "/param_on_device=" +
+                    (c.param_on_device < 0 ? std::string("auto") : std::to_string(c.param_on_device))
               : "");
 }
 
@@ -167,6 +184,8 @@ inline Config MakeConfig(const Combo& c, const std::string& extra_json = "") {
   if (c.stage == 3 && std::string(c.param) == "nvme") {
     j["strata"]["param_resident"] =
         c.param_resident < 0 ? nlohmann::json("auto") : nlohmann::json(c.param_resident);
+    j["strata"]["param_on_device"] =
+        c.param_on_device < 0 ? nlohmann::json("auto") : nlohmann::json(c.param_on_device);
   }
   if (!extra_json.empty()) j.merge_patch(nlohmann::json::parse(extra_json));
   auto cfg = ParseConfig(j);
@@ -196,6 +215,7 @@ struct EngineRun {
   int resident_chunks = 0;                                  // optimizer_resident_chunks
   int device_chunks = 0;                                    // optimizer_device_chunks
   int param_resident_chunks = 0;                            // param_resident_chunks
+  int param_device_chunks = 0;                              // param_device_chunks
   Status status;
 };
 
@@ -256,6 +276,7 @@ inline EngineRun RunEngine(Communicator& world, const Config& config, const zero
   run.resident_chunks = (*engine)->layout_info().optimizer_resident_chunks;
   run.device_chunks = (*engine)->layout_info().optimizer_device_chunks;
   run.param_resident_chunks = (*engine)->layout_info().param_resident_chunks;
+  run.param_device_chunks = (*engine)->layout_info().param_device_chunks;
   run.carried_chunks = (*engine)->layout_info().carried_chunks;
   return run;
 }

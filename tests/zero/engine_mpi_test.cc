@@ -21,6 +21,7 @@ TEST(EngineMpi, AccumulationEqualsLargerBatch) { CheckAccumulation(World()); }
 TEST(EngineMpi, ClippingMatchesTheReference) { CheckClipping(World()); }
 TEST(EngineMpi, Fp16OverflowStepsAreSkippedAsInTheReference) { CheckFp16Overflow(World()); }
 TEST(EngineMpi, Bf16MatchesTheReference) { CheckBf16(World()); }
+TEST(EngineMpi, ParameterShardsOnTheDeviceMatchTheReference) { CheckCombos(World(), ParamDeviceCombos()); }
 
 // A rank whose parameter reads fail abandons its step and joins no more collectives. It
 // tells the others, so every rank's training ends within seconds, not at the engine

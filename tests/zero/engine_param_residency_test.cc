@@ -18,10 +18,10 @@ Config Auto(uint64_t host_budget) {
 
 // Host budgets from the least that fits, in 4 KiB steps, until every shard is resident.
 std::vector<std::pair<uint64_t, int>> Sweep(const zero::TrainSpec& spec, int* num_chunks) {
-  return SweepHostBudgets(spec,
-                          {16 * 1024, 4 * 1024 * 1024, 4 * 1024, Auto,
-                           [](const EngineLayoutInfo& l) { return l.param_resident_chunks; }},
-                          num_chunks);
+  return SweepBudgets(spec,
+                      {16 * 1024, 4 * 1024 * 1024, 4 * 1024, Auto,
+                       [](const EngineLayoutInfo& l) { return l.param_resident_chunks; }},
+                      num_chunks);
 }
 
 TEST(EngineParamResidency, ResidentShardsGrowWithTheHostBudget) {

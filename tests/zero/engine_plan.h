@@ -10,8 +10,9 @@
 
 namespace strata::testing {
 
-// An engine on a sim device of its own, for tests that drive the hooks or read the plan.
-// The engine is declared last so that it goes before its device.
+// An engine on a sim device of its own (of strata.device_budget's size, when set), for
+// tests that drive the hooks or read the plan. The engine is declared last so that it
+// goes before its device.
 struct TestEngine {
   std::unique_ptr<Device> device;
   std::unique_ptr<Engine> engine;
@@ -19,6 +20,7 @@ struct TestEngine {
 inline Result<TestEngine> MakeEngine(const Config& config, const zero::TrainSpec& spec) {
   DeviceOptions dopt;
   dopt.kind = DeviceKind::kSim;
+  dopt.capacity = config.strata.device_budget;
   TestEngine t;
   STRATA_ASSIGN_OR_RETURN(t.device, CreateDevice(dopt));
   auto init = [&](TensorId id, int64_t b, int64_t n, float* out) {

@@ -16,10 +16,10 @@ Config Auto(uint64_t host_budget) {
 
 // Host budgets from the least that fits, in 16 KiB steps, until every chunk is resident.
 std::vector<std::pair<uint64_t, int>> Sweep(const zero::TrainSpec& spec, int* num_chunks) {
-  return SweepHostBudgets(spec,
-                          {64 * 1024, 16 * 1024 * 1024, 16 * 1024, Auto,
-                           [](const EngineLayoutInfo& l) { return l.optimizer_resident_chunks; }},
-                          num_chunks);
+  return SweepBudgets(spec,
+                      {64 * 1024, 16 * 1024 * 1024, 16 * 1024, Auto,
+                       [](const EngineLayoutInfo& l) { return l.optimizer_resident_chunks; }},
+                      num_chunks);
 }
 
 TEST(EngineResidency, ResidentChunksGrowWithTheHostBudget) {

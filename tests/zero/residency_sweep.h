@@ -1,6 +1,6 @@
-// Host-budget sweeps for the partial residency tests (engine_residency_test,
-// engine_param_residency_test): plans at growing host budgets and the resident count
-// each one gets.
+// Budget sweeps for the partial residency tests (engine_residency_test,
+// engine_param_residency_test, engine_param_device_test): plans at growing host (or
+// device) budgets and the resident count each one gets.
 #pragma once
 
 #include <functional>
@@ -20,20 +20,21 @@ inline zero::TrainSpec ManyChunks(int steps) {
 }
 
 struct BudgetSweep {
-  uint64_t from = 0, to = 0, step = 0;                   // host budgets, bytes
+  uint64_t from = 0, to = 0, step = 0;                   // budgets, bytes
   std::function<Config(uint64_t)> config;                // the config at a budget
   std::function<int(const EngineLayoutInfo&)> resident;  // the count to follow
+  bool device = false;                                   // device budgets, not host ones
 };
 
 // The budgets from `from` to `to` whose plan fits, with the resident count of each,
 // until every chunk is resident; *num_chunks: the layout's.
-inline std::vector<std::pair<uint64_t, int>> SweepHostBudgets(const zero::TrainSpec& spec,
-                                                              const BudgetSweep& s, int* num_chunks) {
+inline std::vector<std::pair<uint64_t, int>> SweepBudgets(const zero::TrainSpec& spec, const BudgetSweep& s,
+                                                          int* num_chunks) {
   std::vector<std::pair<uint64_t, int>> out;
   for (uint64_t b = s.from; b <= s.to; b += s.step) {
     auto plan = PlanOnly(s.config(b), spec);
     if (!plan.ok()) continue;
-    EXPECT_LE(plan->host_need, b);
+    EXPECT_LE(s.device ? plan->device_need : plan->host_need, b);
     out.emplace_back(b, s.resident(*plan));
     *num_chunks = plan->num_chunks;
     if (out.back().second == plan->num_chunks) break;
@@ -55,10 +56,12 @@ inline int DistinctNonDecreasing(const std::vector<std::pair<uint64_t, int>>& sw
 
 // One run of `spec` at the least budget of each count in `sweep` (configs from
 // `config`), each checked against the single-rank reference and its budget, with
-// `run_count` of it equal to the count; the last step of each run, by count.
+// `run_count` of it equal to the count; the last step of each run, by count. device:
+// the budgets are device budgets.
 inline std::vector<std::pair<int, StepResult>> RunEachCount(
     const zero::TrainSpec& spec, const std::vector<std::pair<uint64_t, int>>& sweep,
-    const std::function<Config(uint64_t)>& config, const std::function<int(const EngineRun&)>& run_count) {
+    const std::function<Config(uint64_t)>& config, const std::function<int(const EngineRun&)>& run_count,
+    bool device = false) {
   std::vector<std::pair<int, StepResult>> out;
   auto ref = zero::TrainReference(MakeConfig({0, "none", "none"}), spec, 1);
   EXPECT_TRUE(ref.ok()) << ref.status().ToString();
@@ -69,7 +72,8 @@ inline std::vector<std::pair<int, StepResult>> RunEachCount(
     ExpectMatchesReference(run, *ref, 1e-5, kAtol, kRtol, std::to_string(k) + " resident");
     if (!run.status.ok() || run.log.results.empty()) continue;
     EXPECT_EQ(run_count(run), k);
-    EXPECT_LE(run.log.results.back().host_high_water, budget) << k << " resident";
+    EXPECT_LE(device ? run.device_high_water : run.log.results.back().host_high_water, budget)
+        << k << " resident";
     out.emplace_back(k, run.log.results.back());
   }
   return out;
