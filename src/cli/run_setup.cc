@@ -121,23 +121,25 @@ void PrintConfigSummary(const Config& c, const Origins& origin, const EngineLayo
               ? ", streamed through pinned pieces: whole shards would not fit the host budget"
               : "");
     } else {
-      std::printf(
-          "  parameter shards in pinned host memory: %d of %d chunks (%s), the rest on NVMe; "
-          "strata.param_resident %s%s\n",
-          l.param_resident_chunks, l.num_chunks,
-          FormatBytes(static_cast<uint64_t>(l.param_resident_chunks) * l.shard_elems * tools::ComputeBytes(c))
-              .c_str(),
-          c.strata.param_resident < 0 ? "auto (what the host budget holds)"
-                                      : FormatDouble("%g", c.strata.param_resident).c_str(),
-          Origin(origin, "strata.param_resident").c_str());
-      std::printf(
-          "  parameter shards in device memory: %d of %d chunks (%s); strata.param_on_device %s%s\n",
-          l.param_device_chunks, l.num_chunks,
-          FormatBytes(static_cast<uint64_t>(l.param_device_chunks) * l.shard_elems * tools::ComputeBytes(c))
-              .c_str(),
-          c.strata.param_on_device < 0 ? "auto (what the device budget holds after the gather buffers)"
-                                       : FormatDouble("%g", c.strata.param_on_device).c_str(),
-          Origin(origin, "strata.param_on_device").c_str());
+      const struct {
+        const char* where;
+        int chunks;
+        const char* key;
+        double fraction;
+        const char* auto_text;
+      } tiers[] = {
+          {"in pinned host memory", l.param_resident_chunks, "strata.param_resident", c.strata.param_resident,
+           "auto (what the host budget holds)"},
+          {"in device memory", l.param_device_chunks, "strata.param_on_device", c.strata.param_on_device,
+           "auto (what the device budget holds after the gather buffers)"}};
+      for (const auto& t : tiers) {
+        std::printf(
+            "  parameter shards %s: %d of %d chunks (%s); %s %s%s\n", t.where, t.chunks,
+            l.num_chunks,
+            FormatBytes(static_cast<uint64_t>(t.chunks) * l.shard_elems * tools::ComputeBytes(c)).c_str(),
+            t.key, t.fraction < 0 ? t.auto_text : FormatDouble("%g", t.fraction).c_str(),
+            Origin(origin, t.key).c_str());
+      }
     }
   }
   if (l.param_stream_pieces > 0 && !l.params_in_optimizer_state) {

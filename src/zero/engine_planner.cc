@@ -108,7 +108,7 @@ void EnginePlanner::PlanDeviceNeed() {
       d.Add(Part("the " + dt + " parameter shards", n_chunks * l.shard_elems * csize_, NeedScale::kModel,
                  "offload_param.device \"cpu\" or \"nvme\"", true));
     }
-    PlanExplicitParamDevice(d);
+    PlanExplicitParamShards(d, "param_on_device", config_.strata.param_on_device, DeviceShardBytes());
   }
   const int on_device = DeviceChunkCount();
   out_.opt_on_device.clear();
@@ -180,7 +180,7 @@ void EnginePlanner::PlanHostNeedAs(bool stream, bool stream_grads) {
     h.Add(Part("the " + dt + " parameter shards", n_chunks * Align4K(l.shard_elems * csize_),
                NeedScale::kModel, "offload_param.device \"nvme\"", true));
   }
-  PlanExplicitParamResidency(h);
+  PlanExplicitParamShards(h, "param_resident", config_.strata.param_resident, ParamShardBytes());
   // Streamed with the parameters off NVMe: no gather needs staging, and the step's values
   // go out in pieces (below).
   const bool staging = !(stream && param_tier_ != ZeroTier::kNvme);
@@ -281,26 +281,17 @@ int EnginePlanner::PlanExplicitResidency(TierNeed& h) {
   return count;
 }
 
-void EnginePlanner::PlanExplicitParamResidency(TierNeed& h) {
-  const double fraction = config_.strata.param_resident;
+void EnginePlanner::PlanExplicitParamShards(TierNeed& need, const char* key, double fraction,
+                                            uint64_t shard_bytes) {
   if (!ParamsSwapped() || fraction < 0) return;
   const int count = ResidentCount(layout_.num_chunks, fraction);
   char text[32];
   std::snprintf(text, sizeof(text), "%g", fraction);
-  h.Add(Part("the " + std::string(DTypeName(compute_)) + " parameter shards of the " + Chunks(count) +
-                 " kept in memory (strata.param_resident " + text + ")",
-             count * ParamShardBytes(), NeedScale::kModel, "lower strata.param_resident", true));
-}
-
-void EnginePlanner::PlanExplicitParamDevice(TierNeed& d) {
-  const double fraction = config_.strata.param_on_device;
-  if (!ParamsSwapped() || fraction < 0) return;
-  const int count = ResidentCount(layout_.num_chunks, fraction);
-  char text[32];
-  std::snprintf(text, sizeof(text), "%g", fraction);
-  d.Add(Part("the " + std::string(DTypeName(compute_)) + " parameter shards of the " + Chunks(count) +
-                 " kept on the device (strata.param_on_device " + text + ")",
-             count * DeviceShardBytes(), NeedScale::kModel, "lower strata.param_on_device", true));
+  const bool device = need.tier == ZeroTier::kDevice;
+  need.Add(Part("the " + std::string(DTypeName(compute_)) + " parameter shards of the " + Chunks(count) +
+                    (device ? " kept on the device" : " kept in memory") + " (strata." + key + " " + text +
+                    ")",
+                count * shard_bytes, NeedScale::kModel, std::string("lower strata.") + key, true));
 }
 
 void EnginePlanner::PlanNvmeNeed() {
@@ -334,8 +325,7 @@ void EnginePlanner::PlanNvmeNeed() {
   }
 }
 
-Status EnginePlanner::PlanMemory() {
-  PlanPieces();
+Status EnginePlanner::CheckParamKeys() const {
   for (const auto& [key, fraction] :
        {std::pair<const char*, double>{"param_resident", config_.strata.param_resident},
         {"param_on_device", config_.strata.param_on_device}}) {
@@ -359,6 +349,12 @@ Status EnginePlanner::PlanMemory() {
         std::to_string(n) +
         " chunks; lower one of them, or leave one \"auto\" (it takes what the other leaves)");
   }
+  return OkStatus();
+}
+
+Status EnginePlanner::PlanMemory() {
+  PlanPieces();
+  STRATA_RETURN_IF_ERROR(CheckParamKeys());
   PlanDeviceNeed();
   out_.device_budget = facts_.device_budget;
   PlanHostNeed();

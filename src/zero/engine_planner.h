@@ -127,11 +127,13 @@ class EnginePlanner {
   // strata.optimizer_resident set: adds the state of the chunks it asks for to the host
   // need `h`; their count (0 when unset). PlanExtras marks which (residency_plan.h).
   int PlanExplicitResidency(TierNeed& h);
-  // strata.param_resident as a fraction: the shards it keeps, a fixed host need.
-  void PlanExplicitParamResidency(TierNeed& h);
-  // strata.param_on_device as a fraction: the shards it keeps, a fixed device need `d`.
-  void PlanExplicitParamDevice(TierNeed& d);
+  // strata.<key> (param_resident: `need` is the host's; param_on_device: the device's)
+  // as a fraction: the shards it keeps, of `shard_bytes` each, a fixed need.
+  void PlanExplicitParamShards(TierNeed& need, const char* key, double fraction, uint64_t shard_bytes);
   void PlanNvmeNeed();
+  // strata.param_resident and param_on_device against the layout: InvalidArgument where
+  // there is no parameter swap to keep, or the two fractions ask for more than every chunk.
+  Status CheckParamKeys() const;
   // The fixed needs of every tier against their budgets, NVMe first (budget_check.h).
   Status PlanMemory();
   // The optional parts, as the budgets leave room: speculation spares, NVMe staging

@@ -82,7 +82,7 @@ uint64_t EnginePlanner::PlanParamResidency(uint64_t room) {
   if (!ParamsSwapped()) return 0;
   const int n = layout_.num_chunks;
   const uint64_t shard = ParamShardBytes();
-  // An explicit device share is a fixed need (PlanExplicitParamDevice): it takes the
+  // An explicit device share is a fixed need (PlanExplicitParamShards): it takes the
   // first chunks; an auto one takes what the gather buffers leave (PlanParamDevice).
   if (config_.strata.param_on_device >= 0) {
     MoveParamShards(ZeroTier::kDevice, ResidentCount(n, config_.strata.param_on_device));

@@ -139,6 +139,19 @@ Result<zero::TrainLog> TrainThreeSteps(Engine& engine, Communicator& world, cons
   return zero::TrainWithEngine(engine, world, c, train);
 }
 
+// An MLP engine of `spec` at world size 1, trained three steps: its layout and its third
+// step's counters.
+struct ThreeSteps {
+  EngineLayoutInfo layout;
+  StepResult third;
+};
+Result<ThreeSteps> RunThreeSteps(const Config& c, const model::MlpSpec& spec) {
+  STRATA_ASSIGN_OR_RETURN(auto world, CreateMirrorWorld(1));
+  STRATA_ASSIGN_OR_RETURN(ModelEngine e, CreateMlpEngine(*world, c, spec, nullptr));
+  STRATA_ASSIGN_OR_RETURN(zero::TrainLog log, TrainThreeSteps(*e.engine, *world, c, spec));
+  return ThreeSteps{e.engine->layout_info(), log.results[2]};
+}
+
 // The predicted bytes of each lane against the engine's own counters of a real step.
 class TrafficTest : public ::testing::TestWithParam<Combo> {};
 
@@ -199,23 +212,18 @@ TEST(TrafficTest, EveryGatherReadsTheDiskButTheFreshShards) {
         {3, "nvme", "nvme", 0},
         std::string(R"({"strata": {"overlap": true, "param_resident": 0, "param_on_device": 0},)") +
             R"("bf16": {"enabled": )" + (bf16 ? "true" : "false") + "}}");
-    auto world = CreateMirrorWorld(1);
-    ASSERT_TRUE(world.ok());
-    Result<ModelEngine> e = CreateMlpEngine(**world, c, spec, nullptr);
-    ASSERT_TRUE(e.ok()) << e.status().ToString();
-    Result<zero::TrainLog> log = TrainThreeSteps(*e->engine, **world, c, spec);
-    ASSERT_TRUE(log.ok()) << log.status().ToString();
-    const EngineLayoutInfo& l = e->engine->layout_info();
+    Result<ThreeSteps> run = RunThreeSteps(c, spec);
+    ASSERT_TRUE(run.ok()) << run.status().ToString();
+    const EngineLayoutInfo& l = run->layout;
     ASSERT_GE(l.num_chunks, 8) << compute;
     EXPECT_EQ(l.fresh_param_shards, 2) << compute;
     EXPECT_EQ(l.params_in_optimizer_state, !bf16) << compute;
-    const double read = static_cast<double>(log->results[2].bytes_nvme_read);
+    const double read = static_cast<double>(run->third.bytes_nvme_read);
     const double want = PredictTraffic(c, 1, l).nvme_read_bytes;
     if (bf16) {
       EXPECT_LE(want, read) << compute;
       EXPECT_LE(read, want + l.fresh_param_shards * l.shard_elems * 2.0) << compute;
-      EXPECT_EQ(PredictTraffic(c, 1, l).nvme_write_bytes,
-                static_cast<double>(log->results[2].bytes_nvme_written));
+      EXPECT_EQ(PredictTraffic(c, 1, l).nvme_write_bytes, static_cast<double>(run->third.bytes_nvme_written));
     } else {
       EXPECT_NEAR(want, read, l.shard_elems * 4.0) << compute;
     }
@@ -233,16 +241,12 @@ TEST(TrafficTest, ShardsOnTheDeviceMoveNoDiskBytesAndGoUpOnce) {
         {3, "cpu", "nvme"},
         R"({"bf16": {"enabled": true}, "strata": {"overlap": true, "param_resident": 0, "param_on_device": )" +
             std::to_string(fraction) + "}}");
-    auto world = CreateMirrorWorld(1);
-    ASSERT_TRUE(world.ok());
-    Result<ModelEngine> e = CreateMlpEngine(**world, c, spec, nullptr);
-    ASSERT_TRUE(e.ok()) << e.status().ToString();
-    Result<zero::TrainLog> log = TrainThreeSteps(*e->engine, **world, c, spec);
-    ASSERT_TRUE(log.ok()) << log.status().ToString();
-    const EngineLayoutInfo& l = e->engine->layout_info();
+    Result<ThreeSteps> run = RunThreeSteps(c, spec);
+    ASSERT_TRUE(run.ok()) << run.status().ToString();
+    const EngineLayoutInfo& l = run->layout;
     ASSERT_EQ(l.kept_chunks, l.num_chunks);
     EXPECT_EQ(l.param_device_chunks, static_cast<int>(std::lround(fraction * l.num_chunks))) << fraction;
-    const StepResult& r = log->results[2];
+    const StepResult& r = run->third;
     const LaneWork w = PredictTraffic(c, 1, l);
     EXPECT_EQ(w.nvme_read_bytes, static_cast<double>(r.bytes_nvme_read)) << fraction;
     EXPECT_EQ(w.nvme_write_bytes, static_cast<double>(r.bytes_nvme_written)) << fraction;

@@ -109,31 +109,11 @@ TEST(EngineParamDevice, AFractionTheBudgetCannotHoldIsRefusedNamingTheKey) {
       << too_many.status().message();
 }
 
-// Where a shard lives changes no value: 16-bit runs are bit-identical with none, half
-// and all of the shards on the device, and with the three tiers at once.
+// Where a shard lives changes no value (CheckSixteenBitRunsBitIdentical): half or all
+// of the shards on the device, and the three tiers at once.
 TEST(EngineParamDevice, SixteenBitRunsAreBitIdenticalWhereverTheShardsLive) {
-  const zero::TrainSpec spec = SmallSpec(6);
-  const std::pair<Combo, const char*> cases[] = {
-      {{3, "cpu", "nvme"}, R"({"bf16": {"enabled": true}})"},
-      {{3, "nvme", "nvme"}, R"({"bf16": {"enabled": true}})"},
-      {{3, "nvme", "nvme", "nvme", kPiecedSubGroup},
-       R"({"bf16": {"enabled": true}, "gradient_clipping": 0.05})"},
-      {{3, "none", "nvme"}, R"({"fp16": {"enabled": true, "initial_scale_power": 30}})"}};
-  for (const auto& [combo, extra] : cases) {
-    Combo c = combo;
-    EngineRun none = RunEngine(World(), MakeConfig(c, extra), spec);
-    ASSERT_TRUE(none.status.ok()) << ComboName(c) << " " << extra << ": " << none.status.ToString();
-    ASSERT_EQ(none.param_device_chunks, 0);
-    for (const auto& [host, device] : {std::pair{0.0, 0.5}, {0.0, 1.0}, {0.25, 0.5}}) {
-      c.param_resident = host;
-      c.param_on_device = device;
-      EngineRun some = RunEngine(World(), MakeConfig(c, extra), spec);
-      ASSERT_TRUE(some.status.ok()) << ComboName(c) << " " << extra << ": " << some.status.ToString();
-      EXPECT_GT(some.param_device_chunks, 0) << ComboName(c);
-      EXPECT_EQ(some.param_resident_chunks > 0, host > 0) << ComboName(c);
-      EXPECT_TRUE(BitIdentical(none, some)) << ComboName(c) << " " << extra;
-    }
-  }
+  CheckSixteenBitRunsBitIdentical({{0.0, 0.5}, {0.0, 1.0}, {0.25, 0.5}},
+                                  [](const EngineRun& r) { return r.param_device_chunks; });
 }
 
 TEST(EngineParamDevice, HalfTheShardsOnTheDeviceMatchTheReferenceWithEveryOptimizerTier) {
@@ -141,19 +121,7 @@ TEST(EngineParamDevice, HalfTheShardsOnTheDeviceMatchTheReferenceWithEveryOptimi
 }
 
 TEST(EngineParamDevice, TheKeyNeedsParametersOnNvmeWithASwapOfTheirOwn) {
-  for (const char* param : {"none", "cpu"}) {
-    EngineRun run = RunEngine(
-        World(), MakeConfig({3, "cpu", param}, R"({"strata": {"param_on_device": 0.5}})"), SmallSpec(1));
-    ASSERT_EQ(run.status.code(), StatusCode::kInvalidArgument) << param << ": " << run.status.ToString();
-    EXPECT_NE(run.status.message().find("offload_param.device \"nvme\""), std::string::npos)
-        << run.status.message();
-  }
-  // fp32 with both on NVMe: the gathers read the optimizer's master, there is no swap.
-  Combo both{3, "nvme", "nvme"};
-  both.param_on_device = 0.5;
-  EngineRun run = RunEngine(World(), MakeConfig(both), SmallSpec(1));
-  ASSERT_EQ(run.status.code(), StatusCode::kInvalidArgument) << run.status.ToString();
-  EXPECT_NE(run.status.message().find("strata.param_on_device"), std::string::npos) << run.status.message();
+  ExpectParamKeyNeedsASwap("param_on_device");
   auto parsed = ParseConfig(nlohmann::json::parse(R"({"strata": {"param_on_device": 2}})"));
   ASSERT_FALSE(parsed.ok());
   EXPECT_NE(parsed.status().message().find("strata.param_on_device"), std::string::npos)

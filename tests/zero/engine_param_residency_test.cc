@@ -91,48 +91,13 @@ TEST(EngineParamResidency, AFractionTheBudgetCannotHoldIsRefusedNamingTheKey) {
   EXPECT_EQ(planned->param_resident_chunks, (n + 1) / 2);
 }
 
-// Where a shard lives changes no value: 16-bit runs (the shards rounded once, published
-// through each optimizer tier's path, the NVMe optimizer's write-behind one included)
-// are bit-identical with none, half and all of the shards resident.
 TEST(EngineParamResidency, SixteenBitRunsAreBitIdenticalWhereverTheShardsLive) {
-  const zero::TrainSpec spec = SmallSpec(6);
-  const std::pair<Combo, const char*> cases[] = {
-      {{3, "cpu", "nvme"}, R"({"bf16": {"enabled": true}})"},
-      {{3, "nvme", "nvme"}, R"({"bf16": {"enabled": true}})"},
-      {{3, "nvme", "nvme", "nvme", kPiecedSubGroup},
-       R"({"bf16": {"enabled": true}, "gradient_clipping": 0.05})"},
-      {{3, "none", "nvme"}, R"({"fp16": {"enabled": true, "initial_scale_power": 30}})"}};
-  for (const auto& [combo, extra] : cases) {
-    Combo c = combo;
-    EngineRun none = RunEngine(World(), MakeConfig(c, extra), spec);
-    ASSERT_TRUE(none.status.ok()) << ComboName(c) << " " << extra << ": " << none.status.ToString();
-    ASSERT_EQ(none.param_resident_chunks, 0);
-    for (double fraction : {0.5, 1.0}) {
-      c.param_resident = fraction;
-      EngineRun some = RunEngine(World(), MakeConfig(c, extra), spec);
-      ASSERT_TRUE(some.status.ok()) << ComboName(c) << " " << extra << ": " << some.status.ToString();
-      EXPECT_GT(some.param_resident_chunks, 0) << ComboName(c);
-      EXPECT_TRUE(BitIdentical(none, some)) << ComboName(c) << " " << extra;
-    }
-  }
+  CheckSixteenBitRunsBitIdentical({{0.5, 0.0}, {1.0, 0.0}},
+                                  [](const EngineRun& r) { return r.param_resident_chunks; });
 }
 
 TEST(EngineParamResidency, TheKeyNeedsParametersOnNvmeWithASwapOfTheirOwn) {
-  for (const char* param : {"none", "cpu"}) {
-    EngineRun run = RunEngine(
-        World(), MakeConfig({3, "cpu", param}, R"({"strata": {"param_resident": 0.5}})"), SmallSpec(1));
-    ASSERT_EQ(run.status.code(), StatusCode::kInvalidArgument) << param << ": " << run.status.ToString();
-    EXPECT_NE(run.status.message().find("offload_param.device \"nvme\""), std::string::npos)
-        << run.status.message();
-  }
-  // fp32 with both on NVMe: the gathers read the optimizer's master, there is no swap of
-  // parameters to keep; strata.optimizer_resident is the key that keeps them.
-  Combo both{3, "nvme", "nvme"};
-  both.param_resident = 0.5;
-  EngineRun run = RunEngine(World(), MakeConfig(both), SmallSpec(1));
-  ASSERT_EQ(run.status.code(), StatusCode::kInvalidArgument) << run.status.ToString();
-  EXPECT_NE(run.status.message().find("strata.optimizer_resident"), std::string::npos)
-      << run.status.message();
+  ExpectParamKeyNeedsASwap("param_resident");
   auto parsed = ParseConfig(nlohmann::json::parse(R"({"strata": {"param_resident": "half"}})"));
   ASSERT_FALSE(parsed.ok());
   EXPECT_NE(parsed.status().message().find("strata.param_resident"), std::string::npos)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -77,6 +78,55 @@ inline std::vector<std::pair<int, StepResult>> RunEachCount(
     out.emplace_back(k, run.log.results.back());
   }
   return out;
+}
+
+// Where a parameter shard lives changes no value: 16-bit runs (the shards rounded once,
+// published through each optimizer tier's path, the NVMe optimizer's write-behind one
+// included) with each (strata.param_resident, strata.param_on_device) placement are
+// bit-identical with all of the shards on NVMe; `moved` counts the shards a placement
+// took off the disk, which must not be 0.
+inline void CheckSixteenBitRunsBitIdentical(const std::vector<std::pair<double, double>>& placements,
+                                            const std::function<int(const EngineRun&)>& moved) {
+  const zero::TrainSpec spec = SmallSpec(6);
+  const std::pair<Combo, const char*> cases[] = {
+      {{3, "cpu", "nvme"}, R"({"bf16": {"enabled": true}})"},
+      {{3, "nvme", "nvme"}, R"({"bf16": {"enabled": true}})"},
+      {{3, "nvme", "nvme", "nvme", kPiecedSubGroup},
+       R"({"bf16": {"enabled": true}, "gradient_clipping": 0.05})"},
+      {{3, "none", "nvme"}, R"({"fp16": {"enabled": true, "initial_scale_power": 30}})"}};
+  for (const auto& [combo, extra] : cases) {
+    Combo c = combo;
+    EngineRun none = RunEngine(World(), MakeConfig(c, extra), spec);
+    ASSERT_TRUE(none.status.ok()) << ComboName(c) << " " << extra << ": " << none.status.ToString();
+    ASSERT_EQ(moved(none), 0);
+    for (const auto& [host, device] : placements) {
+      c.param_resident = host;
+      c.param_on_device = device;
+      EngineRun some = RunEngine(World(), MakeConfig(c, extra), spec);
+      ASSERT_TRUE(some.status.ok()) << ComboName(c) << " " << extra << ": " << some.status.ToString();
+      EXPECT_GT(moved(some), 0) << ComboName(c);
+      EXPECT_EQ(some.param_resident_chunks > 0, host > 0) << ComboName(c);
+      EXPECT_TRUE(BitIdentical(none, some)) << ComboName(c) << " " << extra;
+    }
+  }
+}
+
+// strata.<key> (param_resident or param_on_device) at 0.5 is refused where there is no
+// parameter swap: parameters on the device or the CPU, or fp32 with both planes on NVMe
+// (the gathers read the optimizer's master; strata.optimizer_resident keeps those).
+inline void ExpectParamKeyNeedsASwap(const std::string& key) {
+  const std::string half = R"({"strata": {")" + key + R"(": 0.5}})";
+  for (const char* param : {"none", "cpu"}) {
+    EngineRun run = RunEngine(World(), MakeConfig({3, "cpu", param}, half), SmallSpec(1));
+    ASSERT_EQ(run.status.code(), StatusCode::kInvalidArgument) << param << ": " << run.status.ToString();
+    EXPECT_NE(run.status.message().find("offload_param.device \"nvme\""), std::string::npos)
+        << run.status.message();
+  }
+  EngineRun run = RunEngine(World(), MakeConfig({3, "nvme", "nvme"}, half), SmallSpec(1));
+  ASSERT_EQ(run.status.code(), StatusCode::kInvalidArgument) << run.status.ToString();
+  EXPECT_NE(run.status.message().find("strata." + key), std::string::npos) << run.status.message();
+  EXPECT_NE(run.status.message().find("strata.optimizer_resident"), std::string::npos)
+      << run.status.message();
 }
 
 }  // namespace strata::testing
