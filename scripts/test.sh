@@ -28,7 +28,7 @@ if [[ "${STRATA_SKIP_SANITIZE:-0}" != 1 ]]; then
   # unload again (their frames show as "<unknown module>", so no suppression can name
   # them). Tests that start MPI or discover the topology run with leak checking off;
   # every other test runs with it on. Address and UB checks stay on everywhere.
-  no_leak_check='^(Topology|World|Nccl|NcclBuild|Engine|EngineTimeline|EngineFault|EngineBudget|EngineCorruption|EngineGolden|EngineModel|EngineGpt|EngineCheckpoint|EngineCheckpointGpu|EngineLr|EngineResidency|EngineParamResidency|EngineStream|StepBenchRun|EnginePlan|Planner|SafetensorsPlanModelTest|TrafficTest|Combos/TrafficTest)\.'
+  no_leak_check='^(Topology|World|Nccl|NcclBuild|Engine|EngineTimeline|EngineFault|EngineBudget|EngineCorruption|EngineGolden|EngineModel|EngineGpt|EngineCheckpoint|EngineCheckpointGpu|EngineLr|EngineResidency|EngineParamResidency|EngineParamDevice|EngineStream|StepBenchRun|EnginePlan|Planner|SafetensorsPlanModelTest|TrafficTest|Combos/TrafficTest)\.'
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
      ctest --output-on-failure -j "$jobs" --timeout 900 -LE mpi -E "$no_leak_check")
   (cd build-asan && ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
