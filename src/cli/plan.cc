@@ -125,14 +125,13 @@ std::string Report(const tools::PlanRequest& r, const std::vector<tools::PlanCan
                            : l.optimizer_device_chunks > 0
                                ? std::to_string(l.optimizer_device_chunks) + of + " on device"
                                : "-";
-    if (l.param_resident_chunks > 0) {
-      resident =
-          (resident == "-" ? "" : resident + ", ") + "params " + std::to_string(l.param_resident_chunks) + of;
-    }
+    // Parameter shards off the disk: "params 2/5" in pinned memory, "+ 3/5 on device".
+    std::string params;
+    if (l.param_resident_chunks > 0) params = std::to_string(l.param_resident_chunks) + of;
     if (l.param_device_chunks > 0) {
-      resident = (resident == "-" ? "" : resident + ", ") + "params " +
-                 std::to_string(l.param_device_chunks) + of + " on device";
+      params += (params.empty() ? "" : " + ") + std::to_string(l.param_device_chunks) + of + " on device";
     }
+    if (!params.empty()) resident = (resident == "-" ? "" : resident + ", ") + "params " + params;
     t.AddRow({std::to_string(++n), c.name, FormatBytes(l.device_need), FormatBytes(l.host_need),
               FormatBytes(c.process.total()), FormatBytes(l.nvme_need), resident,
               c.config.strata.overlap ? "on" : "off", FormatSeconds(c.predicted_s), c.critical_lane});
