@@ -113,15 +113,19 @@ Status CheckOffloadKeys(const Config& config) {
         "strata.optimizer_resident: keeps part of an NVMe optimizer's state in pinned host memory; it "
         "needs zero_optimization.offload_optimizer.device \"nvme\" (leave it \"auto\" otherwise)");
   }
-  if (config.strata.param_resident >= 0 && (stage != 3 || param_tier != ZeroTier::kNvme)) {
-    return InvalidArgumentError(
-        "strata.param_resident: keeps part of the NVMe parameter shards in pinned host memory; it needs "
-        "zero_optimization.stage 3 with offload_param.device \"nvme\" (leave it \"auto\" otherwise)");
-  }
-  if (config.strata.param_on_device >= 0 && (stage != 3 || param_tier != ZeroTier::kNvme)) {
-    return InvalidArgumentError(
-        "strata.param_on_device: keeps part of the NVMe parameter shards in device memory; it needs "
-        "zero_optimization.stage 3 with offload_param.device \"nvme\" (leave it \"auto\" otherwise)");
+  const struct {
+    const char* key;
+    double fraction;
+    const char* where;
+  } shard_keys[] = {{"param_resident", config.strata.param_resident, "pinned host memory"},
+                    {"param_on_device", config.strata.param_on_device, "device memory"}};
+  for (const auto& k : shard_keys) {
+    if (k.fraction >= 0 && (stage != 3 || param_tier != ZeroTier::kNvme)) {
+      return InvalidArgumentError(std::string("strata.") + k.key +
+                                  ": keeps part of the NVMe parameter shards in " + k.where +
+                                  "; it needs zero_optimization.stage 3 with offload_param.device \"nvme\" "
+                                  "(leave it \"auto\" otherwise)");
+    }
   }
   const double ratio = config.zero.offload_optimizer.ratio;
   if (!(ratio >= 0 && ratio <= 1) || (ratio != 1 && opt_tier != ZeroTier::kHost)) {
