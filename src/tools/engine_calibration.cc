@@ -1,6 +1,7 @@
 #include "tools/engine_calibration.h"
 
 #include <algorithm>
+#include <string>
 
 #include "tools/mirror_world.h"
 #include "tools/step_traffic.h"
@@ -8,28 +9,35 @@
 namespace strata::tools {
 namespace {
 
-// The fastest step is the one a calibration of a fraction of a second least disturbed
-// (PlanModel::run_cut keeps it).
+// Each figure is its median over the steps (PlanModel::run_cut).
 struct Cut {
   const PlanModel& model;
   int64_t micro_batch;
   int steps;
 };
 
-// The serial and overlapped steps of `c`; `copy_s_per_elem` is what the path's copies
-// take per optimizer element (the probe's rate), left out of the rest.
-Result<EngineRates> CalibrateOnce(Communicator& world, Config c, const Cut& t, double copy_s_per_elem,
-                                  CutRun* serial_out) {
+// The serial and overlapped steps of `c`. The rest of the serial step is what the
+// compute at `compute_s` (the rate's time for the cut, not this run's own), the optimizer,
+// and the copies and collectives the traffic model gives this run's layout (at the probe's
+// copy rate) leave. The lanes' own timers shift time between one another from run to run
+// (the cut's compute alone varied 57-71 ms over six processes whose steps were within 7%
+// of one another), so the rest takes up what they missed and the lanes the plan sums for
+// this variant come to its step. It is negative where they overlap within a serial step:
+// stage 3's gathers run beside the compute even with overlap off.
+Result<EngineRates> CalibrateOnce(Communicator& world, Config c, const Cut& t, double compute_s,
+                                  double copy_bytes_per_s, CutRun* serial_out) {
   c.strata.overlap_auto = false;  // each run in one mode
   c.strata.overlap = false;
   STRATA_ASSIGN_OR_RETURN(CutRun serial, t.model.run_cut(world, c, t.micro_batch, t.steps));
   c.strata.overlap = true;
   STRATA_ASSIGN_OR_RETURN(CutRun overlapped, t.model.run_cut(world, c, t.micro_batch, t.steps));
   const double elems = std::max(serial.optimizer_elems, 1.0);
+  const LaneWork w = PredictTraffic(c, world.size(), serial.layout);
+  const double moves = copy_bytes_per_s > 0 ? (w.copy_bytes + w.comm_bytes) / copy_bytes_per_s : 0;
   EngineRates e;
   e.optimizer_params_per_s = elems / std::max(serial.optimizer_s, 1e-9);
-  const double rest = serial.step_s - serial.compute_s - serial.optimizer_s - copy_s_per_elem * elems;
-  e.other_s_per_param = std::max(0.0, rest) / elems;
+  const double compute = compute_s > 0 ? compute_s : serial.compute_s;
+  e.other_s_per_param = (serial.step_s - compute - serial.optimizer_s - moves) / elems;
   e.overlap_factor = overlapped.step_s / std::max(serial.step_s, 1e-9);
   *serial_out = serial;
   return e;
@@ -39,12 +47,48 @@ Result<EngineRates> CalibrateOnce(Communicator& world, Config c, const Cut& t, d
 // cut model (a variant the plan will then mostly find does not fit either), under the
 // device's capacity and the derived host budget: at most ~16 bytes per parameter of
 // the cut model, for a few seconds.
-Result<EngineRates> Calibrate(Communicator& world, Config c, const Cut& t, double copy_s_per_elem,
-                              CutRun* serial_out) {
-  Result<EngineRates> e = CalibrateOnce(world, c, t, copy_s_per_elem, serial_out);
+Result<EngineRates> Calibrate(Communicator& world, Config c, const Cut& t, double compute_s,
+                              double copy_bytes_per_s, CutRun* serial_out) {
+  Result<EngineRates> e = CalibrateOnce(world, c, t, compute_s, copy_bytes_per_s, serial_out);
   if (e.ok() || e.status().code() != StatusCode::kOutOfBudget) return e;
   c.strata.device_budget = c.strata.host_budget = 0;
-  return CalibrateOnce(world, c, t, copy_s_per_elem, serial_out);
+  return CalibrateOnce(world, c, t, compute_s, copy_bytes_per_s, serial_out);
+}
+
+// The four variants, into `out`'s compute and engine rates.
+Status CalibrateVariants(Communicator& world, const Config& base, Config c, const Cut& t, LaneRates* out) {
+  const std::string what = "calibrating the plan's rates on the model cut to " +
+                           std::to_string(t.model.cut_params) +
+                           " parameters; or give the rates with --profile FILE";
+  const double copy = out->copy_bytes_per_s;
+  CutRun serial;
+  c.zero.stage = 0;
+  c.zero.offload_optimizer.device = OffloadDevice::kNone;
+  Result<EngineRates> dev = Calibrate(world, c, t, 0, copy, &serial);
+  if (!dev.ok()) return dev.status().WithContext(what + ", optimizer on the device");
+  out->device_optimizer = *dev;
+  const double compute_s = std::max(serial.compute_s, 1e-9);
+  out->compute_flops_per_s = t.model.cut_flops_per_sample * t.micro_batch / compute_s;
+  c.zero.stage = 1;
+  c.zero.offload_optimizer.device = OffloadDevice::kCpu;
+  Result<EngineRates> host = Calibrate(world, c, t, compute_s, copy, &serial);
+  if (!host.ok()) return host.status().WithContext(what + ", optimizer on the CPU");
+  out->host_optimizer = *host;
+  // Stage 3 with the parameters on the device: what its gathers and hooks add.
+  c.zero.stage = 3;
+  Result<EngineRates> host3 = Calibrate(world, c, t, compute_s, copy, &serial);
+  if (!host3.ok()) return host3.status().WithContext(what + ", optimizer on the CPU, stage 3");
+  out->host_optimizer_stage3 = *host3;
+  // The NVMe optimizer's path with every chunk's state resident: its code, not the disk
+  // (whose time the probe gives).
+  c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+  if (c.zero.offload_optimizer.nvme_path.empty())
+    c.zero.offload_optimizer.nvme_path = SwapPaths(base, c.zero.offload_optimizer);
+  c.strata.optimizer_resident = 1;
+  Result<EngineRates> nvme = Calibrate(world, c, t, compute_s, copy, &serial);
+  if (!nvme.ok()) return nvme.status().WithContext(what + ", optimizer on NVMe, resident");
+  out->nvme_optimizer = *nvme;
+  return OkStatus();
 }
 
 }  // namespace
@@ -64,34 +108,7 @@ Status CalibrateEngine(const Config& base, const PlanModel& model, int64_t micro
   c.strata.trace_file.clear();
   c.gradient_accumulation_steps = 1;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, CreateMirrorWorld(1));
-  const std::string what = "calibrating the plan's rates on the model cut to " +
-                           std::to_string(model.cut_params) +
-                           " parameters; or give the rates with --profile FILE";
-  CutRun serial;
-  c.zero.stage = 0;
-  c.zero.offload_optimizer.device = OffloadDevice::kNone;
-  Result<EngineRates> dev = Calibrate(*world, c, t, 0, &serial);
-  if (!dev.ok()) return dev.status().WithContext(what + ", optimizer on the device");
-  rates->device_optimizer = *dev;
-  rates->compute_flops_per_s = model.cut_flops_per_sample * micro_batch / std::max(serial.compute_s, 1e-9);
-  // Gradients to the host (fp32) and the updated values back, per element.
-  const double copy = rates->copy_bytes_per_s > 0 ? (4.0 + ComputeBytes(c)) / rates->copy_bytes_per_s : 0;
-  c.zero.stage = 1;
-  c.zero.offload_optimizer.device = OffloadDevice::kCpu;
-  Result<EngineRates> host = Calibrate(*world, c, t, copy, &serial);
-  if (!host.ok()) return host.status().WithContext(what + ", optimizer on the CPU");
-  rates->host_optimizer = *host;
-  // The NVMe optimizer's path with every chunk's state resident: its code, not the disk
-  // (whose time the probe gives). Stage 3 gathers add their copies to the rest.
-  c.zero.stage = 3;
-  c.zero.offload_optimizer.device = OffloadDevice::kNvme;
-  if (c.zero.offload_optimizer.nvme_path.empty())
-    c.zero.offload_optimizer.nvme_path = SwapPaths(base, c.zero.offload_optimizer);
-  c.strata.optimizer_resident = 1;
-  Result<EngineRates> nvme = Calibrate(*world, c, t, copy, &serial);
-  if (!nvme.ok()) return nvme.status().WithContext(what + ", optimizer on NVMe, resident");
-  rates->nvme_optimizer = *nvme;
-  return OkStatus();
+  return CalibrateVariants(*world, base, c, t, rates);
 }
 
 }  // namespace strata::tools

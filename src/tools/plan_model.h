@@ -19,12 +19,13 @@
 
 namespace strata::tools {
 
-// Timings of steps of the cut model: the fastest step after the first (which records
-// the call order and touches memory), and what the optimizer stepped (every chunk's
-// elements at stage 0, padding included).
+// Timings of steps of the cut model: each figure's median over the steps after the
+// first (which records the call order and touches memory), what the optimizer stepped
+// (every chunk's elements at stage 0, padding included) and the engine's layout.
 struct CutRun {
   double step_s = 0, compute_s = 0, optimizer_s = 0;
   double optimizer_elems = 0;
+  EngineLayoutInfo layout;
 };
 
 struct PlanModel {
@@ -56,13 +57,13 @@ struct PlanModel {
 double MlpActivationBytes(const model::MlpSpec& spec);
 double GptActivationBytes(const model::GptSpec& spec, int64_t seq, bool recompute);
 
-// The reference MLP; cut to as many hidden layers as fit in about 48M parameters (one to
-// four). InvalidArgument for an invalid spec.
+// The reference MLP; whole up to 128M parameters, else cut to as many hidden layers as
+// fit in about 48M (one to four). InvalidArgument for an invalid spec.
 Result<PlanModel> MlpPlanModel(const model::MlpSpec& spec);
 
 // The GPT on sequences of `seq` tokens, calibrated on the token file `train_path`
-// (opened here, held by run_cut); cut to as many blocks as fit in about 48M parameters
-// (one to four). InvalidArgument for an invalid spec or seq; the file's errors.
+// (opened here, held by run_cut); whole up to 128M parameters, else cut to as many blocks
+// as fit in about 48M (one to four). InvalidArgument for an invalid spec or seq; the file's errors.
 Result<PlanModel> GptPlanModel(const model::GptSpec& spec, int64_t seq, const std::string& train_path,
                                bool recompute);
 

@@ -9,17 +9,23 @@ double Over(double work, double rate) { return work > 0 && rate > 0 ? work / rat
 
 }  // namespace
 
-PlanTime PredictPlanTime(const LaneRates& r, const LaneWork& w, bool shared_cpu, OffloadDevice opt_device) {
+PlanTime PredictPlanTime(const LaneRates& r, const LaneWork& w, bool shared_cpu, OffloadDevice opt_device,
+                         int stage) {
   PlanTime t;
-  const EngineRates& e = opt_device == OffloadDevice::kNone  ? r.device_optimizer
-                         : opt_device == OffloadDevice::kCpu ? r.host_optimizer
+  const EngineRates& host = stage == 3 ? r.host_optimizer_stage3 : r.host_optimizer;
+  // The device optimizer is calibrated at stage 0. At stage 3 its rest takes what stage 3
+  // adds per parameter to the host optimizer's (the gathers beside the compute, the hooks).
+  EngineRates d = r.device_optimizer;
+  if (stage == 3)
+    d.other_s_per_param += r.host_optimizer_stage3.other_s_per_param - r.host_optimizer.other_s_per_param;
+  const EngineRates& e = opt_device == OffloadDevice::kNone  ? d
+                         : opt_device == OffloadDevice::kCpu ? host
                                                              : r.nvme_optimizer;
   auto adam_rate = [&](const EngineRates& x) {
     return x.optimizer_params_per_s > 0 ? x.optimizer_params_per_s : r.adam_params_per_s;
   };
   // A CPU optimizer's device chunks (offload_optimizer.ratio) step at the device's rates.
   const double on_device = opt_device == OffloadDevice::kCpu ? w.adam_params_device : 0;
-  const EngineRates& d = r.device_optimizer;
   const double optimizer = Over(w.adam_params - on_device, adam_rate(e)) + Over(on_device, adam_rate(d));
   const double other = (w.adam_params - on_device) * e.other_s_per_param + on_device * d.other_s_per_param;
   const double copies = Over(w.copy_bytes, r.copy_bytes_per_s);

@@ -70,7 +70,8 @@ Result<PlanCandidate> Evaluate(const Planning& g, PlanCandidate p) {
   p.work.compute_s =
       PredictComputeSeconds(g.r.model.flops_per_sample, g.r.micro_batch, p.config.gradient_accumulation_steps,
                             g.r.rates.compute_flops_per_s);
-  p.time = PredictPlanTime(g.r.rates, p.work, g.shared_cpu, p.config.zero.offload_optimizer.device);
+  p.time = PredictPlanTime(g.r.rates, p.work, g.shared_cpu, p.config.zero.offload_optimizer.device,
+                           p.config.zero.stage);
   // The plan decides (strata.overlap "auto" included): its choice is what it timed.
   p.config.strata.overlap = p.config.strata.overlap && p.time.overlapped_s <= p.time.serial_s;
   p.config.strata.overlap_auto = false;

@@ -22,8 +22,8 @@ uint64_t CurrentRssBytes();
 // engine's creation scratch (a whole fp32 chunk, its compute copy, and one fp32 master |
 // m | v of the elements this rank steps, as InitParams fills them; it also bounds the
 // shard of compute values that streamed shards keep for whole-shard writes, which comes
-// later and is smaller), and the model's activations. On the sim device all of it is host memory; on a GPU the activations are
-// device memory beside the engine's budget.
+// later and is smaller), and the model's activations. On the sim device all of it is host memory; on a GPU
+// the activations are device memory beside the engine's budget.
 struct ProcessMemory {
   uint64_t base = 0;
   uint64_t creation = 0;

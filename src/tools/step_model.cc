@@ -190,6 +190,7 @@ nlohmann::json RatesToJson(const LaneRates& r) {
           {"compute_flops_per_s", r.compute_flops_per_s},
           {"device_optimizer", ToJson(r.device_optimizer)},
           {"host_optimizer", ToJson(r.host_optimizer)},
+          {"host_optimizer_stage3", ToJson(r.host_optimizer_stage3)},
           {"nvme_optimizer", ToJson(r.nvme_optimizer)}};
 }
 
@@ -198,14 +199,15 @@ Result<LaneRates> RatesFromJson(const nlohmann::json& doc) {
   if (!top.is_object()) return InvalidArgumentError("lane rates: expected a JSON object");
   LaneRates r;
   const nlohmann::json* at = &top;
-  auto read = [&](const char* key, double* out, bool required) -> Status {
+  auto read = [&](const char* key, double* out, bool required, bool any_sign = false) -> Status {
     const nlohmann::json& j = *at;
     if (!j.contains(key)) {
       return required ? InvalidArgumentError(std::string("lane rates: \"") + key + "\" is missing")
                       : OkStatus();
     }
-    if (!j[key].is_number() || j[key].get<double>() < 0) {
-      return InvalidArgumentError(std::string("lane rates: \"") + key + "\" must be a number >= 0");
+    if (!j[key].is_number() || (!any_sign && j[key].get<double>() < 0)) {
+      return InvalidArgumentError(std::string("lane rates: \"") + key + "\" must be a number" +
+                                  (any_sign ? "" : " >= 0"));
     }
     *out = j[key].get<double>();
     return OkStatus();
@@ -219,15 +221,17 @@ Result<LaneRates> RatesFromJson(const nlohmann::json& doc) {
   if (top.contains("nvme_backend") && top["nvme_backend"].is_string()) r.nvme_backend = top["nvme_backend"];
   for (auto [key, e] : {std::pair{"device_optimizer", &r.device_optimizer},
                         {"host_optimizer", &r.host_optimizer},
+                        {"host_optimizer_stage3", &r.host_optimizer_stage3},
                         {"nvme_optimizer", &r.nvme_optimizer}}) {
     if (!top.contains(key)) continue;
     at = &top[key];
     if (!at->is_object())
       return InvalidArgumentError(std::string("lane rates: \"") + key + "\" must be an object");
     STRATA_RETURN_IF_ERROR(read("optimizer_params_per_s", &e->optimizer_params_per_s, true));
-    STRATA_RETURN_IF_ERROR(read("other_s_per_param", &e->other_s_per_param, true));
+    STRATA_RETURN_IF_ERROR(read("other_s_per_param", &e->other_s_per_param, true, /*any_sign=*/true));
     STRATA_RETURN_IF_ERROR(read("overlap_factor", &e->overlap_factor, true));
   }
+  if (!top.contains("host_optimizer_stage3")) r.host_optimizer_stage3 = r.host_optimizer;
   return r;
 }
 

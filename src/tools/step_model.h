@@ -21,8 +21,9 @@ namespace strata::tools {
 // its optimizer steps (chunk padding included).
 struct EngineRates {
   double optimizer_params_per_s = 0;  // the optimizer lane's busy time in a serial step
-  double other_s_per_param = 0;       // the rest of a serial step beyond the lanes
-  double overlap_factor = 1;          // the overlapped step over the serial one
+  // The rest of a serial step beyond the lanes; negative where they overlap within it.
+  double other_s_per_param = 0;
+  double overlap_factor = 1;  // the overlapped step over the serial one
 };
 
 struct LaneRates {
@@ -39,6 +40,9 @@ struct LaneRates {
   // and on NVMe (its state held in pinned memory, so the code path without the disk).
   double compute_flops_per_s = 0;
   EngineRates device_optimizer, host_optimizer, nvme_optimizer;
+  // The host optimizer at stage 3 (its gathers and hooks); a profile without it uses
+  // host_optimizer's.
+  EngineRates host_optimizer_stage3;
 };
 
 // A saved profile: {"adam_params_per_s": ..., "copy_bytes_per_s": ..., ...}, the
@@ -46,7 +50,8 @@ struct LaneRates {
 nlohmann::json RatesToJson(const LaneRates& r);
 // Reads RatesToJson's object, or a whole plan report holding one under "rates".
 // InvalidArgument naming a key that is missing (the probes' adam and copy rates, and
-// each field of an engine calibration given) or not a number >= 0. A bench step
+// each field of an engine calibration given) or not a number >= 0 (other_s_per_param
+// may be negative). A bench step
 // report's rates lack the compute and engine rates: those read as 0 (unmeasured).
 Result<LaneRates> RatesFromJson(const nlohmann::json& j);
 

@@ -327,21 +327,21 @@ TEST(PlanTime, HandWorkedOnSharedCoresAndOnAGpu) {
   w.copy_bytes = 1e9;        // 0.1 s
   w.nvme_read_bytes = 1e9;   // 0.5 s
   w.nvme_write_bytes = 1e9;  // 0.25 s
-  PlanTime t = PredictPlanTime(r, w, /*shared_cpu=*/true, OffloadDevice::kCpu);
+  PlanTime t = PredictPlanTime(r, w, /*shared_cpu=*/true, OffloadDevice::kCpu, 1);
   EXPECT_DOUBLE_EQ(t.cpu_s, 0.5);
   EXPECT_DOUBLE_EQ(t.disk_s, 0.75);
   EXPECT_DOUBLE_EQ(t.serial_s, 1.25);
   EXPECT_DOUBLE_EQ(t.overlapped_s, 0.75);
   EXPECT_EQ(t.critical, "nvme");
   r.nvme_mixed_bytes_per_s = 4e9;  // both at once: 0.5 s; the cores then bind at 0.5 x 1.2
-  t = PredictPlanTime(r, w, true, OffloadDevice::kCpu);
+  t = PredictPlanTime(r, w, true, OffloadDevice::kCpu, 1);
   EXPECT_DOUBLE_EQ(t.overlapped_s, 0.6);
   EXPECT_EQ(t.critical, "cpu");
-  t = PredictPlanTime(r, w, /*shared_cpu=*/false, OffloadDevice::kNone);  // optimizer 0.05 s
+  t = PredictPlanTime(r, w, /*shared_cpu=*/false, OffloadDevice::kNone, 1);  // optimizer 0.05 s
   EXPECT_DOUBLE_EQ(t.overlapped_s, 0.5);
   EXPECT_EQ(t.critical, "nvme");
   w.nvme_param_read_bytes = 0.2e9;  // the gathers wait for these: 0.1 s on top
-  t = PredictPlanTime(r, w, true, OffloadDevice::kCpu);
+  t = PredictPlanTime(r, w, true, OffloadDevice::kCpu, 1);
   EXPECT_DOUBLE_EQ(t.overlapped_s, 0.7);
   EXPECT_EQ(t.critical, "cpu + gather reads");
   EXPECT_DOUBLE_EQ(t.serial_s, 1.25) << "the serial step counts each read once";
@@ -355,13 +355,43 @@ TEST(PlanTime, ADeviceSplitStepsItsChunksAtTheDevicesRates) {
   LaneWork w;
   w.adam_params = 1e9;
   w.adam_params_device = 0.25e9;
-  PlanTime t = PredictPlanTime(r, w, /*shared_cpu=*/false, OffloadDevice::kCpu);
+  PlanTime t = PredictPlanTime(r, w, /*shared_cpu=*/false, OffloadDevice::kCpu, 1);
   // 0.75e9 at 1e9/s and 0.25e9 at 5e9/s; the rest: 0.75 s and 0.05 s.
   EXPECT_DOUBLE_EQ(t.lanes[1].second, 0.8);
   EXPECT_DOUBLE_EQ(t.lanes[2].second, 0.8);
   // The split means nothing to the other optimizer tiers.
-  t = PredictPlanTime(r, w, false, OffloadDevice::kNone);
+  t = PredictPlanTime(r, w, false, OffloadDevice::kNone, 1);
   EXPECT_DOUBLE_EQ(t.lanes[1].second, 0.2);
+}
+
+// A CPU optimizer at stage 3 steps at its own calibration (gathers and hooks beside the
+// compute), and a profile saved before it had one reads as the stage-1 figures.
+TEST(PlanTime, StageThreeTakesItsOwnHostCalibration) {
+  LaneRates r;
+  r.host_optimizer = {1e9, 1e-9, 1.0};
+  r.host_optimizer_stage3 = {1e9, -0.5e-9, 1.0};
+  LaneWork w;
+  w.adam_params = 1e9;
+  EXPECT_DOUBLE_EQ(PredictPlanTime(r, w, true, OffloadDevice::kCpu, 3).lanes[2].second, -0.5);
+  EXPECT_DOUBLE_EQ(PredictPlanTime(r, w, true, OffloadDevice::kCpu, 2).lanes[2].second, 1.0);
+  EXPECT_DOUBLE_EQ(PredictPlanTime(r, w, true, OffloadDevice::kCpu, 3).serial_s, 0.5);
+  // The device optimizer's rest at stage 3 moves by the host's difference: -1.5 ns.
+  r.device_optimizer = {2e9, 2e-9, 1.0};
+  EXPECT_DOUBLE_EQ(PredictPlanTime(r, w, true, OffloadDevice::kNone, 3).lanes[2].second, 0.5);
+  EXPECT_DOUBLE_EQ(PredictPlanTime(r, w, true, OffloadDevice::kNone, 1).lanes[2].second, 2.0);
+  w.adam_params_device = 0.5e9;  // half on the device: 0.5 x -0.5 + 0.5 x 0.5
+  EXPECT_NEAR(PredictPlanTime(r, w, true, OffloadDevice::kCpu, 3).lanes[2].second, 0.0, 1e-12);
+  w.adam_params_device = 0;
+  nlohmann::json j = RatesToJson(r);
+  Result<LaneRates> back = RatesFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_DOUBLE_EQ(back->host_optimizer_stage3.other_s_per_param, -0.5e-9) << "a negative rest is kept";
+  j.erase("host_optimizer_stage3");
+  back = RatesFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_DOUBLE_EQ(back->host_optimizer_stage3.other_s_per_param, 1e-9);
+  j["host_optimizer"]["optimizer_params_per_s"] = -1;
+  EXPECT_FALSE(RatesFromJson(j).ok()) << "only the rest may be negative";
 }
 
 LaneRates SomeRates() {
