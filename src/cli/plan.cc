@@ -93,7 +93,8 @@ std::string RatesLine(const tools::LaneRates& r) {
   return "compute " + FormatDouble("%.1f", r.compute_flops_per_s / 1e9) + " GFLOP/s; " +
          engine("device", r.device_optimizer) + engine("host", r.host_optimizer) +
          engine("host at stage 3", r.host_optimizer_stage3) + engine("NVMe", r.nvme_optimizer) +
-         "Adam alone " + FormatDouble("%.0f", r.adam_params_per_s / 1e6) + " Mparams/s, copies " +
+         engine("NVMe with the parameters in its master", r.nvme_optimizer_master) + "Adam alone " +
+         FormatDouble("%.0f", r.adam_params_per_s / 1e6) + " Mparams/s, copies " +
          FormatDouble("%.1f", r.copy_bytes_per_s / 1e9) + " GB/s, NVMe read " +
          FormatDouble("%.2f", r.nvme_read_bytes_per_s / 1e9) + " / write " +
          FormatDouble("%.2f", r.nvme_write_bytes_per_s / 1e9) + " / mixed " +

@@ -18,9 +18,10 @@ PlanTime PredictPlanTime(const LaneRates& r, const LaneWork& w, bool shared_cpu,
   EngineRates d = r.device_optimizer;
   if (stage == 3)
     d.other_s_per_param += r.host_optimizer_stage3.other_s_per_param - r.host_optimizer.other_s_per_param;
+  const EngineRates& nvme = w.params_in_optimizer_state ? r.nvme_optimizer_master : r.nvme_optimizer;
   const EngineRates& e = opt_device == OffloadDevice::kNone  ? d
                          : opt_device == OffloadDevice::kCpu ? host
-                                                             : r.nvme_optimizer;
+                                                             : nvme;
   auto adam_rate = [&](const EngineRates& x) {
     return x.optimizer_params_per_s > 0 ? x.optimizer_params_per_s : r.adam_params_per_s;
   };

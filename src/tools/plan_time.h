@@ -26,8 +26,8 @@ struct PlanTime {
 // the CPU cores (the overlapped step is then max(cpu x overlap_factor + gather reads,
 // disk)); on a GPU it is the slowest lane, compute with its gather reads. The gathers'
 // parameter reads from NVMe sit on the compute's path: the forward and backward wait for
-// them. `opt_device` (offload_optimizer.device) and, for the CPU's, `stage` pick the
-// calibration that applies.
+// them. `opt_device` (offload_optimizer.device) and, for the CPU's, `stage` (for NVMe's,
+// work.params_in_optimizer_state) pick the calibration that applies.
 PlanTime PredictPlanTime(const LaneRates& rates, const LaneWork& work, bool shared_cpu,
                          OffloadDevice opt_device, int stage);
 

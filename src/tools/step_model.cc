@@ -191,7 +191,8 @@ nlohmann::json RatesToJson(const LaneRates& r) {
           {"device_optimizer", ToJson(r.device_optimizer)},
           {"host_optimizer", ToJson(r.host_optimizer)},
           {"host_optimizer_stage3", ToJson(r.host_optimizer_stage3)},
-          {"nvme_optimizer", ToJson(r.nvme_optimizer)}};
+          {"nvme_optimizer", ToJson(r.nvme_optimizer)},
+          {"nvme_optimizer_master", ToJson(r.nvme_optimizer_master)}};
 }
 
 Result<LaneRates> RatesFromJson(const nlohmann::json& doc) {
@@ -222,7 +223,8 @@ Result<LaneRates> RatesFromJson(const nlohmann::json& doc) {
   for (auto [key, e] : {std::pair{"device_optimizer", &r.device_optimizer},
                         {"host_optimizer", &r.host_optimizer},
                         {"host_optimizer_stage3", &r.host_optimizer_stage3},
-                        {"nvme_optimizer", &r.nvme_optimizer}}) {
+                        {"nvme_optimizer", &r.nvme_optimizer},
+                        {"nvme_optimizer_master", &r.nvme_optimizer_master}}) {
     if (!top.contains(key)) continue;
     at = &top[key];
     if (!at->is_object())
@@ -232,6 +234,7 @@ Result<LaneRates> RatesFromJson(const nlohmann::json& doc) {
     STRATA_RETURN_IF_ERROR(read("overlap_factor", &e->overlap_factor, true));
   }
   if (!top.contains("host_optimizer_stage3")) r.host_optimizer_stage3 = r.host_optimizer;
+  if (!top.contains("nvme_optimizer_master")) r.nvme_optimizer_master = r.nvme_optimizer;
   return r;
 }
 

@@ -43,6 +43,10 @@ struct LaneRates {
   // The host optimizer at stage 3 (its gathers and hooks); a profile without it uses
   // host_optimizer's.
   EngineRates host_optimizer_stage3;
+  // The NVMe optimizer whose master is the parameter shard (fp32, parameters on NVMe:
+  // EngineLayoutInfo::params_in_optimizer_state); a profile without it uses
+  // nvme_optimizer's.
+  EngineRates nvme_optimizer_master;
 };
 
 // A saved profile: {"adam_params_per_s": ..., "copy_bytes_per_s": ..., ...}, the
@@ -79,6 +83,7 @@ struct LaneWork {
   // Of nvme_read_bytes, the parameter shards the gathers read (the forward and backward
   // wait for them); 0 where not predicted.
   double nvme_param_read_bytes = 0;
+  bool params_in_optimizer_state = false;  // the layout's: the NVMe master is the parameter shard
 };
 
 struct StepModel {

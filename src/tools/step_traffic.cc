@@ -41,6 +41,7 @@ LaneWork PredictTraffic(const Config& c, int world_size, const EngineLayoutInfo&
   const OffloadDevice opt_dev = c.zero.offload_optimizer.device;
   const OffloadDevice par_dev = stage == 3 ? c.zero.offload_param.device : OffloadDevice::kNone;
   w.adam_params = chunks * opt;
+  w.params_in_optimizer_state = l.params_in_optimizer_state;
   // offload_optimizer.ratio: these chunks' state and gradients stay on the device.
   const double on_device = l.optimizer_device_chunks;
   w.adam_params_device = on_device * opt;

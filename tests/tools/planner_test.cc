@@ -394,6 +394,25 @@ TEST(PlanTime, StageThreeTakesItsOwnHostCalibration) {
   EXPECT_FALSE(RatesFromJson(j).ok()) << "only the rest may be negative";
 }
 
+// fp32 with both planes on NVMe steps at the calibration whose master is the parameter
+// shard; every other NVMe optimizer at the plain one.
+TEST(PlanTime, ParametersInTheMasterTakeTheirOwnNvmeCalibration) {
+  LaneRates r;
+  r.nvme_optimizer = {1e9, 1e-9, 1.0};
+  r.nvme_optimizer_master = {2e9, 0.5e-9, 1.0};
+  LaneWork w;
+  w.adam_params = 1e9;
+  EXPECT_DOUBLE_EQ(PredictPlanTime(r, w, true, OffloadDevice::kNvme, 3).serial_s, 2.0);
+  w.params_in_optimizer_state = true;
+  EXPECT_DOUBLE_EQ(PredictPlanTime(r, w, true, OffloadDevice::kNvme, 3).serial_s, 1.0);
+  nlohmann::json j = RatesToJson(r);
+  j.erase("nvme_optimizer_master");
+  Result<LaneRates> back = RatesFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_DOUBLE_EQ(back->nvme_optimizer_master.optimizer_params_per_s, 1e9)
+      << "an older profile: the plain one";
+}
+
 LaneRates SomeRates() {
   LaneRates r;
   r.adam_params_per_s = 2e9;
