@@ -57,9 +57,9 @@ Result<EngineRates> Calibrate(Communicator& world, Config c, const Cut& t, doubl
 
 // The four or five variants, into `out`'s compute and engine rates.
 Status CalibrateVariants(Communicator& world, const Config& base, Config c, const Cut& t, LaneRates* out) {
-  const std::string what = "calibrating the plan's rates on the model cut to " +
-                           std::to_string(t.model.cut_params) +
-                           " parameters; or give the rates with --profile FILE";
+  const std::string what =
+      "calibrating the plan's rates on the model (or its first layers); or give the rates with --profile "
+      "FILE";
   const double copy = out->copy_bytes_per_s;
   CutRun serial;
   c.zero.stage = 0;
@@ -68,7 +68,7 @@ Status CalibrateVariants(Communicator& world, const Config& base, Config c, cons
   if (!dev.ok()) return dev.status().WithContext(what + ", optimizer on the device");
   out->device_optimizer = *dev;
   const double compute_s = std::max(serial.compute_s, 1e-9);
-  out->compute_flops_per_s = t.model.cut_flops_per_sample * t.micro_batch / compute_s;
+  out->compute_flops_per_s = serial.flops_per_step / compute_s;
   c.zero.stage = 1;
   c.zero.offload_optimizer.device = OffloadDevice::kCpu;
   Result<EngineRates> host = Calibrate(world, c, t, compute_s, copy, &serial);

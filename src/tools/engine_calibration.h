@@ -1,6 +1,7 @@
 // What `strata plan --measure` learns from the engine itself: a few real steps of the
-// model, whole up to 128M parameters, else cut to its first layers (PlanModel::run_cut: up
-// to four, about 48M parameters at most; the model's width, micro-batch and dtype),
+// model, whole up to 128M parameters and 32 GFLOP a step, else cut to its first layers
+// (PlanModel::run_cut: up to four, about 48M parameters at most; the model's width,
+// micro-batch and dtype),
 // serial and overlapped, with the optimizer on the device (stage 0), on the host (stage 1,
 // and stage 3 with the parameters on the device) and on NVMe (stage 3, every chunk's
 // state resident in pinned memory, so the disk is left to the probe; in fp32 also with

@@ -9,15 +9,16 @@ namespace strata::tools {
 namespace {
 
 constexpr int64_t kCutParams = 48 << 20;
+// The calibration runs the whole model up to these: on two cores a step of 32 GFLOP is
+// about half a second, and a cut of three layers of the 100M MLP (10 GFLOP a step)
+// measured its step beyond the compute 13% above the whole model's per element.
 constexpr int64_t kWholeParams = 128 << 20;
+constexpr double kWholeStepFlops = 32e9;
 
 // How many of `layers` layers of `per_layer` parameters (besides `fixed`) the cut keeps:
-// all of a model of up to kWholeParams, else one to four within kCutParams. Fewer than
-// about four measured the optimizer at twice its per-parameter cost in the whole model,
-// and a cut of three layers of the 100M MLP its step beyond the compute 13% above the
-// whole model's per element: a model that small is calibrated as itself.
+// one to four, within kCutParams. Fewer than about four measured the optimizer at twice
+// its per-parameter cost in the whole model.
 int64_t CutLayers(int64_t layers, int64_t per_layer, int64_t fixed) {
-  if (fixed + layers * per_layer <= kWholeParams) return std::max<int64_t>(layers, 1);
   const int64_t room = std::max<int64_t>(kCutParams - fixed, 0) / std::max<int64_t>(per_layer, 1);
   return std::clamp<int64_t>(std::min(room, layers), 1, std::min<int64_t>(4, layers));
 }
@@ -28,17 +29,26 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// run_cut over the cut model's steps: each figure's median over the steps after the
-// first. Medians, not the fastest step: the step a run reports is the mean over its
-// steps, which the fastest understates, and a median of each figure is steadier from
-// one calibration to the next than the figures of one step.
-auto CutFrom(StepRunner cut) {
-  return [cut = std::move(cut)](Communicator& world, const Config& config, int64_t micro_batch,
-                                int steps) -> Result<CutRun> {
+// A model the calibration may run: its steps, parameters and flops per sample.
+struct Runner {
+  StepRunner run;
+  int64_t params = 0;
+  double flops_per_sample = 0;
+};
+
+// run_cut: the whole model where it is small enough at this micro-batch, else the cut;
+// each figure its median over the steps after the first. Medians, not the fastest step:
+// the step a run reports is the mean over its steps, which the fastest understates.
+auto CutFrom(Runner cut, Runner whole) {
+  return [cut = std::move(cut), whole = std::move(whole)](Communicator& world, const Config& config,
+                                                          int64_t micro_batch, int steps) -> Result<CutRun> {
+    const double mb = static_cast<double>(micro_batch);
+    const Runner& r =
+        whole.params <= kWholeParams && whole.flops_per_sample * mb <= kWholeStepFlops ? whole : cut;
     StepRunOptions o;
     o.steps = 1 + steps;
     o.micro_batch = micro_batch;
-    STRATA_ASSIGN_OR_RETURN(StepLog log, cut(world, config, o));
+    STRATA_ASSIGN_OR_RETURN(StepLog log, r.run(world, config, o));
     const EngineLayoutInfo& l = log.layout;
     std::vector<double> step, compute, optimizer;
     for (size_t i = 1; i < log.timing.size(); ++i) {
@@ -46,8 +56,13 @@ auto CutFrom(StepRunner cut) {
       compute.push_back(log.timing[i].compute_s());
       optimizer.push_back(log.results[i].optimizer_busy_s);
     }
-    return CutRun{Median(step), Median(compute), Median(optimizer),
-                  static_cast<double>(l.num_chunks) * static_cast<double>(l.chunk_elems), l};
+    return CutRun{Median(step),
+                  Median(compute),
+                  Median(optimizer),
+                  static_cast<double>(l.num_chunks) * static_cast<double>(l.chunk_elems),
+                  l,
+                  r.params,
+                  r.flops_per_sample * mb};
   };
 }
 
@@ -90,9 +105,9 @@ Result<PlanModel> MlpPlanModel(const model::MlpSpec& spec) {
   m.decl = model::MlpModules(spec);
   m.flops_per_sample = 6.0 * static_cast<double>(m.params);
   m.activation_bytes_per_sample = MlpActivationBytes(spec);
-  m.cut_params = model::MlpParameterCount(cut);
-  m.cut_flops_per_sample = 6.0 * static_cast<double>(m.cut_params);
-  m.run_cut = CutFrom(MlpStepRunner(cut));
+  const int64_t cut_params = model::MlpParameterCount(cut);
+  m.run_cut = CutFrom({MlpStepRunner(cut), cut_params, 6.0 * static_cast<double>(cut_params)},
+                      {MlpStepRunner(spec), m.params, m.flops_per_sample});
   m.run_steps = MlpStepRunner(spec);
   return m;
 }
@@ -123,9 +138,9 @@ Result<PlanModel> GptPlanModel(const model::GptSpec& spec, int64_t seq, const st
   m.decl = model::GptModel(spec);
   m.flops_per_sample = model::GptFlopsPerSequence(spec, seq);
   m.activation_bytes_per_sample = GptActivationBytes(spec, seq, recompute);
-  m.cut_params = model::GptParameterCount(cut);
-  m.cut_flops_per_sample = model::GptFlopsPerSequence(cut, seq);
-  m.run_cut = CutFrom(GptStepRunner(cut, seq, train, recompute));
+  m.run_cut = CutFrom({GptStepRunner(cut, seq, train, recompute), model::GptParameterCount(cut),
+                       model::GptFlopsPerSequence(cut, seq)},
+                      {GptStepRunner(spec, seq, train, recompute), m.params, m.flops_per_sample});
   m.run_steps = GptStepRunner(spec, seq, train, recompute);
   return m;
 }

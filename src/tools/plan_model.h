@@ -19,13 +19,16 @@
 
 namespace strata::tools {
 
-// Timings of steps of the cut model: each figure's median over the steps after the
-// first (which records the call order and touches memory), what the optimizer stepped
-// (every chunk's elements at stage 0, padding included) and the engine's layout.
+// Timings of steps of the model the calibration ran (the whole or its cut): each
+// figure's median over the steps after the first (which records the call order and
+// touches memory), what the optimizer stepped (every chunk's elements at stage 0,
+// padding included), the engine's layout, and that model's size and flops a step.
 struct CutRun {
   double step_s = 0, compute_s = 0, optimizer_s = 0;
   double optimizer_elems = 0;
   EngineLayoutInfo layout;
+  int64_t params = 0;
+  double flops_per_step = 0;
 };
 
 struct PlanModel {
@@ -42,9 +45,9 @@ struct PlanModel {
   // Non-empty: how the compute time is estimated where it is not timed on the model
   // itself ("estimated, not measured: 6 flops per parameter per token, ...").
   std::string compute_basis;
-  int64_t cut_params = 0;
-  double cut_flops_per_sample = 0;
-  // Runs 1 + `steps` steps of the cut model under `config` over `world` (one rank).
+  // Runs 1 + `steps` steps under `config` over `world` (one rank) of the whole model
+  // where it has at most 128M parameters and 32 GFLOP a step at `micro_batch`, else of
+  // the model cut to its first layers.
   std::function<Result<CutRun>(Communicator& world, const Config& config, int64_t micro_batch, int steps)>
       run_cut;
   // The whole model's steps (`strata bench step`); empty for a model without forward
@@ -57,13 +60,13 @@ struct PlanModel {
 double MlpActivationBytes(const model::MlpSpec& spec);
 double GptActivationBytes(const model::GptSpec& spec, int64_t seq, bool recompute);
 
-// The reference MLP; whole up to 128M parameters, else cut to as many hidden layers as
-// fit in about 48M (one to four). InvalidArgument for an invalid spec.
+// The reference MLP; its cut keeps as many hidden layers as fit in about 48M parameters
+// (one to four). InvalidArgument for an invalid spec.
 Result<PlanModel> MlpPlanModel(const model::MlpSpec& spec);
 
 // The GPT on sequences of `seq` tokens, calibrated on the token file `train_path`
-// (opened here, held by run_cut); whole up to 128M parameters, else cut to as many blocks
-// as fit in about 48M (one to four). InvalidArgument for an invalid spec or seq; the file's errors.
+// (opened here, held by run_cut); its cut keeps as many blocks as fit in about 48M
+// parameters (one to four). InvalidArgument for an invalid spec or seq; the file's errors.
 Result<PlanModel> GptPlanModel(const model::GptSpec& spec, int64_t seq, const std::string& train_path,
                                bool recompute);
 

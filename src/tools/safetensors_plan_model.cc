@@ -104,7 +104,6 @@ Result<PlanModel> SafetensorsPlanModel(const std::string& path, int64_t seq) {
   m.activations_counted = false;
   m.decl = std::move(decl);
   // The stand-in steps one row per token: a sequence is seq of its samples.
-  m.cut_flops_per_sample *= static_cast<double>(seq);
   m.run_steps = nullptr;  // a header has no forward code: the stand-in's steps are not the model's
   m.run_cut = [inner = std::move(m.run_cut), seq](Communicator& world, const Config& config,
                                                   int64_t micro_batch, int steps) {

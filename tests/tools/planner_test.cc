@@ -438,6 +438,30 @@ Result<std::vector<PlanCandidate>> PlanWith(const std::string& extra) {
   return PlanConfigurations(r);
 }
 
+// The calibration times the whole model while a step is at most 32 GFLOP, and its cut
+// (four of eight layers here) past that, with the flops of the model it ran.
+TEST(PlanModel, CalibratesTheWholeModelUnlessItsStepIsLarge) {
+  model::MlpSpec spec;
+  spec.input_dim = spec.output_dim = 256;
+  spec.hidden.assign(8, 256);
+  Result<PlanModel> m = MlpPlanModel(spec);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  auto world = CreateMirrorWorld(1);
+  ASSERT_TRUE(world.ok());
+  const Config c = MakeConfig({0, "none", "none"});
+  Result<CutRun> small = m->run_cut(**world, c, 4, 1);
+  ASSERT_TRUE(small.ok()) << small.status().ToString();
+  EXPECT_EQ(small->params, m->params);
+  EXPECT_DOUBLE_EQ(small->flops_per_step, m->flops_per_sample * 4);
+  const int64_t large_batch = static_cast<int64_t>(32e9 / m->flops_per_sample) + 1;
+  Result<CutRun> large = m->run_cut(**world, c, large_batch, 1);
+  ASSERT_TRUE(large.ok()) << large.status().ToString();
+  model::MlpSpec four = spec;
+  four.hidden.resize(4);
+  EXPECT_EQ(large->params, model::MlpParameterCount(four));
+  EXPECT_DOUBLE_EQ(large->flops_per_step, 6.0 * static_cast<double>(large->params) * large_batch);
+}
+
 TEST(Planner, RanksWhatFitsFastestFirstThenWhatDoesNot) {
   Result<std::vector<PlanCandidate>> all = PlanWith("{\"strata\": {\"device_budget\": 300000}}");
   ASSERT_TRUE(all.ok()) << all.status().ToString();
