@@ -91,8 +91,9 @@ std::string RatesLine(const tools::LaneRates& r) {
            FormatDouble("%.2f", e.overlap_factor) + "; ";
   };
   return "compute " + FormatDouble("%.1f", r.compute_flops_per_s / 1e9) + " GFLOP/s; " +
-         engine("device", r.device_optimizer) + engine("host", r.host_optimizer) +
-         engine("host at stage 3", r.host_optimizer_stage3) + engine("NVMe", r.nvme_optimizer) +
+         engine("device", r.device_optimizer) + engine("device split", r.device_split) +
+         engine("host", r.host_optimizer) + engine("host at stage 3", r.host_optimizer_stage3) +
+         engine("NVMe", r.nvme_optimizer) +
          engine("NVMe with the parameters in its master", r.nvme_optimizer_master) + "Adam alone " +
          FormatDouble("%.0f", r.adam_params_per_s / 1e6) + " Mparams/s, copies " +
          FormatDouble("%.1f", r.copy_bytes_per_s / 1e9) + " GB/s, NVMe read " +

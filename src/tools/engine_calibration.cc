@@ -55,7 +55,7 @@ Result<EngineRates> Calibrate(Communicator& world, Config c, const Cut& t, doubl
   return CalibrateOnce(world, c, t, compute_s, copy_bytes_per_s, serial_out);
 }
 
-// The four or five variants, into `out`'s compute and engine rates.
+// The five or six variants, into `out`'s compute and engine rates.
 Status CalibrateVariants(Communicator& world, const Config& base, Config c, const Cut& t, LaneRates* out) {
   const std::string what =
       "calibrating the plan's rates on the model (or its first layers); or give the rates with --profile "
@@ -74,6 +74,14 @@ Status CalibrateVariants(Communicator& world, const Config& base, Config c, cons
   Result<EngineRates> host = Calibrate(world, c, t, compute_s, copy, &serial);
   if (!host.ok()) return host.status().WithContext(what + ", optimizer on the CPU");
   out->host_optimizer = *host;
+  // The CPU optimizer with every chunk on the device (offload_optimizer.ratio 0): the
+  // path a device split's chunks take, which the stage-0 run above does not.
+  c.zero.offload_optimizer.ratio = 0;
+  Result<EngineRates> split = Calibrate(world, c, t, compute_s, copy, &serial);
+  if (!split.ok())
+    return split.status().WithContext(what + ", optimizer on the CPU, every chunk on the device");
+  out->device_split = *split;
+  c.zero.offload_optimizer.ratio = 1;
   // Stage 3 with the parameters on the device: what its gathers and hooks add.
   c.zero.stage = 3;
   Result<EngineRates> host3 = Calibrate(world, c, t, compute_s, copy, &serial);

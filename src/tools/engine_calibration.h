@@ -3,7 +3,8 @@
 // (PlanModel::run_cut: up to four, about 48M parameters at most; the model's width,
 // micro-batch and dtype),
 // serial and overlapped, with the optimizer on the device (stage 0), on the host (stage 1,
-// and stage 3 with the parameters on the device) and on NVMe (stage 3, every chunk's
+// also with every chunk on the device by offload_optimizer.ratio, and stage 3 with the
+// parameters on the device) and on NVMe (stage 3, every chunk's
 // state resident in pinned memory, so the disk is left to the probe; in fp32 also with
 // the parameters on NVMe, whose shards are then the master's).
 //
@@ -21,7 +22,7 @@
 
 namespace strata::tools {
 
-// Fills rates->compute_flops_per_s, device_optimizer, host_optimizer,
+// Fills rates->compute_flops_per_s, device_optimizer, device_split, host_optimizer,
 // host_optimizer_stage3, nvme_optimizer and nvme_optimizer_master; reads
 // rates->copy_bytes_per_s (the probe's) to take the host path's copies out of its rest.
 // Runs 1 + `steps` steps per variant in this process (a world of one rank, the base

@@ -13,11 +13,14 @@ PlanTime PredictPlanTime(const LaneRates& r, const LaneWork& w, bool shared_cpu,
                          int stage) {
   PlanTime t;
   const EngineRates& host = stage == 3 ? r.host_optimizer_stage3 : r.host_optimizer;
-  // The device optimizer is calibrated at stage 0. At stage 3 its rest takes what stage 3
-  // adds per parameter to the host optimizer's (the gathers beside the compute, the hooks).
-  EngineRates d = r.device_optimizer;
-  if (stage == 3)
-    d.other_s_per_param += r.host_optimizer_stage3.other_s_per_param - r.host_optimizer.other_s_per_param;
+  // The device optimizer is calibrated at stage 0 and a CPU optimizer's device split at
+  // stage 1. At stage 3 their rest takes what stage 3 adds per parameter to the host
+  // optimizer's (the gathers beside the compute, the hooks).
+  const double stage3 =
+      stage == 3 ? r.host_optimizer_stage3.other_s_per_param - r.host_optimizer.other_s_per_param : 0;
+  EngineRates d = r.device_optimizer, split = r.device_split;
+  d.other_s_per_param += stage3;
+  split.other_s_per_param += stage3;
   const EngineRates& nvme = w.params_in_optimizer_state ? r.nvme_optimizer_master : r.nvme_optimizer;
   const EngineRates& e = opt_device == OffloadDevice::kNone  ? d
                          : opt_device == OffloadDevice::kCpu ? host
@@ -25,10 +28,11 @@ PlanTime PredictPlanTime(const LaneRates& r, const LaneWork& w, bool shared_cpu,
   auto adam_rate = [&](const EngineRates& x) {
     return x.optimizer_params_per_s > 0 ? x.optimizer_params_per_s : r.adam_params_per_s;
   };
-  // A CPU optimizer's device chunks (offload_optimizer.ratio) step at the device's rates.
+  // A CPU optimizer's device chunks (offload_optimizer.ratio) step at the split's rates.
   const double on_device = opt_device == OffloadDevice::kCpu ? w.adam_params_device : 0;
-  const double optimizer = Over(w.adam_params - on_device, adam_rate(e)) + Over(on_device, adam_rate(d));
-  const double other = (w.adam_params - on_device) * e.other_s_per_param + on_device * d.other_s_per_param;
+  const double optimizer = Over(w.adam_params - on_device, adam_rate(e)) + Over(on_device, adam_rate(split));
+  const double other =
+      (w.adam_params - on_device) * e.other_s_per_param + on_device * split.other_s_per_param;
   const double copies = Over(w.copy_bytes, r.copy_bytes_per_s);
   const double comm = Over(w.comm_bytes, r.copy_bytes_per_s);  // one machine: memory traffic
   const double rd = Over(w.nvme_read_bytes, r.nvme_read_bytes_per_s);

@@ -191,6 +191,7 @@ nlohmann::json RatesToJson(const LaneRates& r) {
           {"device_optimizer", ToJson(r.device_optimizer)},
           {"host_optimizer", ToJson(r.host_optimizer)},
           {"host_optimizer_stage3", ToJson(r.host_optimizer_stage3)},
+          {"device_split", ToJson(r.device_split)},
           {"nvme_optimizer", ToJson(r.nvme_optimizer)},
           {"nvme_optimizer_master", ToJson(r.nvme_optimizer_master)}};
 }
@@ -223,6 +224,7 @@ Result<LaneRates> RatesFromJson(const nlohmann::json& doc) {
   for (auto [key, e] : {std::pair{"device_optimizer", &r.device_optimizer},
                         {"host_optimizer", &r.host_optimizer},
                         {"host_optimizer_stage3", &r.host_optimizer_stage3},
+                        {"device_split", &r.device_split},
                         {"nvme_optimizer", &r.nvme_optimizer},
                         {"nvme_optimizer_master", &r.nvme_optimizer_master}}) {
     if (!top.contains(key)) continue;
@@ -235,6 +237,7 @@ Result<LaneRates> RatesFromJson(const nlohmann::json& doc) {
   }
   if (!top.contains("host_optimizer_stage3")) r.host_optimizer_stage3 = r.host_optimizer;
   if (!top.contains("nvme_optimizer_master")) r.nvme_optimizer_master = r.nvme_optimizer;
+  if (!top.contains("device_split")) r.device_split = r.device_optimizer;
   return r;
 }
 

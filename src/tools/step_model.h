@@ -43,6 +43,9 @@ struct LaneRates {
   // The host optimizer at stage 3 (its gathers and hooks); a profile without it uses
   // host_optimizer's.
   EngineRates host_optimizer_stage3;
+  // A CPU optimizer's chunks on the device (offload_optimizer.ratio): stage 1 with every
+  // chunk there; a profile without it uses device_optimizer's.
+  EngineRates device_split;
   // The NVMe optimizer whose master is the parameter shard (fp32, parameters on NVMe:
   // EngineLayoutInfo::params_in_optimizer_state); a profile without it uses
   // nvme_optimizer's.

@@ -347,13 +347,21 @@ TEST(PlanTime, HandWorkedOnSharedCoresAndOnAGpu) {
   EXPECT_DOUBLE_EQ(t.serial_s, 1.25) << "the serial step counts each read once";
 }
 
-// A CPU optimizer's device chunks (offload_optimizer.ratio) step at the device's rates.
-TEST(PlanTime, ADeviceSplitStepsItsChunksAtTheDevicesRates) {
+// The work of a step that only steps `params` optimizer elements.
+LaneWork AdamOnly(double params) {
+  LaneWork w;
+  w.adam_params = params;
+  return w;
+}
+
+// A CPU optimizer's device chunks (offload_optimizer.ratio) step at the split's own
+// calibration, not at the device optimizer's (stage 0).
+TEST(PlanTime, ADeviceSplitStepsItsChunksAtTheSplitsRates) {
   LaneRates r;
   r.host_optimizer = {1e9, 1e-9, 1.0};
-  r.device_optimizer = {5e9, 0.2e-9, 1.0};
-  LaneWork w;
-  w.adam_params = 1e9;
+  r.device_split = {5e9, 0.2e-9, 1.0};
+  r.device_optimizer = {2e9, 0, 1.0};
+  LaneWork w = AdamOnly(1e9);
   w.adam_params_device = 0.25e9;
   PlanTime t = PredictPlanTime(r, w, /*shared_cpu=*/false, OffloadDevice::kCpu, 1);
   // 0.75e9 at 1e9/s and 0.25e9 at 5e9/s; the rest: 0.75 s and 0.05 s.
@@ -361,7 +369,13 @@ TEST(PlanTime, ADeviceSplitStepsItsChunksAtTheDevicesRates) {
   EXPECT_DOUBLE_EQ(t.lanes[2].second, 0.8);
   // The split means nothing to the other optimizer tiers.
   t = PredictPlanTime(r, w, false, OffloadDevice::kNone, 1);
-  EXPECT_DOUBLE_EQ(t.lanes[1].second, 0.2);
+  EXPECT_DOUBLE_EQ(t.lanes[1].second, 0.5);
+  // A profile without the split's calibration takes the device optimizer's.
+  nlohmann::json j = RatesToJson(r);
+  j.erase("device_split");
+  Result<LaneRates> back = RatesFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_DOUBLE_EQ(back->device_split.optimizer_params_per_s, 2e9);
 }
 
 // A CPU optimizer at stage 3 steps at its own calibration (gathers and hooks beside the
@@ -370,13 +384,13 @@ TEST(PlanTime, StageThreeTakesItsOwnHostCalibration) {
   LaneRates r;
   r.host_optimizer = {1e9, 1e-9, 1.0};
   r.host_optimizer_stage3 = {1e9, -0.5e-9, 1.0};
-  LaneWork w;
-  w.adam_params = 1e9;
+  LaneWork w = AdamOnly(1e9);
   EXPECT_DOUBLE_EQ(PredictPlanTime(r, w, true, OffloadDevice::kCpu, 3).lanes[2].second, -0.5);
   EXPECT_DOUBLE_EQ(PredictPlanTime(r, w, true, OffloadDevice::kCpu, 2).lanes[2].second, 1.0);
   EXPECT_DOUBLE_EQ(PredictPlanTime(r, w, true, OffloadDevice::kCpu, 3).serial_s, 0.5);
-  // The device optimizer's rest at stage 3 moves by the host's difference: -1.5 ns.
-  r.device_optimizer = {2e9, 2e-9, 1.0};
+  // The device optimizer's and the split's rest at stage 3 move by the host's
+  // difference: -1.5 ns.
+  r.device_optimizer = r.device_split = {2e9, 2e-9, 1.0};
   EXPECT_DOUBLE_EQ(PredictPlanTime(r, w, true, OffloadDevice::kNone, 3).lanes[2].second, 0.5);
   EXPECT_DOUBLE_EQ(PredictPlanTime(r, w, true, OffloadDevice::kNone, 1).lanes[2].second, 2.0);
   w.adam_params_device = 0.5e9;  // half on the device: 0.5 x -0.5 + 0.5 x 0.5
@@ -400,8 +414,7 @@ TEST(PlanTime, ParametersInTheMasterTakeTheirOwnNvmeCalibration) {
   LaneRates r;
   r.nvme_optimizer = {1e9, 1e-9, 1.0};
   r.nvme_optimizer_master = {2e9, 0.5e-9, 1.0};
-  LaneWork w;
-  w.adam_params = 1e9;
+  LaneWork w = AdamOnly(1e9);
   EXPECT_DOUBLE_EQ(PredictPlanTime(r, w, true, OffloadDevice::kNvme, 3).serial_s, 2.0);
   w.params_in_optimizer_state = true;
   EXPECT_DOUBLE_EQ(PredictPlanTime(r, w, true, OffloadDevice::kNvme, 3).serial_s, 1.0);
@@ -421,7 +434,7 @@ LaneRates SomeRates() {
   r.nvme_write_bytes_per_s = 2e9;
   r.compute_flops_per_s = 100e9;
   r.host_optimizer = {1e9, 1e-9, 1.2};
-  r.device_optimizer = {1e9, 1e-9, 1.2};
+  r.device_optimizer = r.device_split = {1e9, 1e-9, 1.2};
   r.nvme_optimizer = {1e9, 1e-9, 1.0};
   return r;
 }
