@@ -453,7 +453,7 @@ Result<std::vector<PlanCandidate>> PlanWith(const std::string& extra) {
 
 // The calibration times the whole model while a step is at most 32 GFLOP, and its cut
 // (four of eight layers here) past that, with the flops of the model it ran.
-TEST(PlanModel, CalibratesTheWholeModelUnlessItsStepIsLarge) {
+TEST(Planner, CalibratesTheWholeModelUnlessItsStepIsLarge) {
   model::MlpSpec spec;
   spec.input_dim = spec.output_dim = 256;
   spec.hidden.assign(8, 256);
