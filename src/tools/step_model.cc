@@ -221,13 +221,23 @@ Result<LaneRates> RatesFromJson(const nlohmann::json& doc) {
   STRATA_RETURN_IF_ERROR(read("nvme_mixed_bytes_per_s", &r.nvme_mixed_bytes_per_s, false));
   STRATA_RETURN_IF_ERROR(read("compute_flops_per_s", &r.compute_flops_per_s, false));
   if (top.contains("nvme_backend") && top["nvme_backend"].is_string()) r.nvme_backend = top["nvme_backend"];
-  for (auto [key, e] : {std::pair{"device_optimizer", &r.device_optimizer},
-                        {"host_optimizer", &r.host_optimizer},
-                        {"host_optimizer_stage3", &r.host_optimizer_stage3},
-                        {"device_split", &r.device_split},
-                        {"nvme_optimizer", &r.nvme_optimizer},
-                        {"nvme_optimizer_master", &r.nvme_optimizer_master}}) {
-    if (!top.contains(key)) continue;
+  // A variant a profile lacks (written before it was calibrated) takes the figures it
+  // refines, listed before it.
+  const struct {
+    const char* key;
+    EngineRates* rates;
+    const EngineRates* otherwise;
+  } engines[] = {{"device_optimizer", &r.device_optimizer, nullptr},
+                 {"host_optimizer", &r.host_optimizer, nullptr},
+                 {"host_optimizer_stage3", &r.host_optimizer_stage3, &r.host_optimizer},
+                 {"device_split", &r.device_split, &r.device_optimizer},
+                 {"nvme_optimizer", &r.nvme_optimizer, nullptr},
+                 {"nvme_optimizer_master", &r.nvme_optimizer_master, &r.nvme_optimizer}};
+  for (const auto& [key, e, otherwise] : engines) {
+    if (!top.contains(key)) {
+      if (otherwise != nullptr) *e = *otherwise;
+      continue;
+    }
     at = &top[key];
     if (!at->is_object())
       return InvalidArgumentError(std::string("lane rates: \"") + key + "\" must be an object");
@@ -235,9 +245,6 @@ Result<LaneRates> RatesFromJson(const nlohmann::json& doc) {
     STRATA_RETURN_IF_ERROR(read("other_s_per_param", &e->other_s_per_param, true, /*any_sign=*/true));
     STRATA_RETURN_IF_ERROR(read("overlap_factor", &e->overlap_factor, true));
   }
-  if (!top.contains("host_optimizer_stage3")) r.host_optimizer_stage3 = r.host_optimizer;
-  if (!top.contains("nvme_optimizer_master")) r.nvme_optimizer_master = r.nvme_optimizer;
-  if (!top.contains("device_split")) r.device_split = r.device_optimizer;
   return r;
 }
 
