@@ -201,14 +201,14 @@ Result<LaneRates> RatesFromJson(const nlohmann::json& doc) {
   if (!top.is_object()) return InvalidArgumentError("lane rates: expected a JSON object");
   LaneRates r;
   const nlohmann::json* at = &top;
+  std::string in;  // "device_split." while reading that object: errors name the field in full
   auto read = [&](const char* key, double* out, bool required, bool any_sign = false) -> Status {
     const nlohmann::json& j = *at;
     if (!j.contains(key)) {
-      return required ? InvalidArgumentError(std::string("lane rates: \"") + key + "\" is missing")
-                      : OkStatus();
+      return required ? InvalidArgumentError("lane rates: \"" + in + key + "\" is missing") : OkStatus();
     }
     if (!j[key].is_number() || (!any_sign && j[key].get<double>() < 0)) {
-      return InvalidArgumentError(std::string("lane rates: \"") + key + "\" must be a number" +
+      return InvalidArgumentError("lane rates: \"" + in + key + "\" must be a number" +
                                   (any_sign ? "" : " >= 0"));
     }
     *out = j[key].get<double>();
@@ -239,6 +239,7 @@ Result<LaneRates> RatesFromJson(const nlohmann::json& doc) {
       continue;
     }
     at = &top[key];
+    in = std::string(key) + ".";
     if (!at->is_object())
       return InvalidArgumentError(std::string("lane rates: \"") + key + "\" must be an object");
     STRATA_RETURN_IF_ERROR(read("optimizer_params_per_s", &e->optimizer_params_per_s, true));

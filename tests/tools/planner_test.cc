@@ -376,6 +376,11 @@ TEST(PlanTime, ADeviceSplitStepsItsChunksAtTheSplitsRates) {
   Result<LaneRates> back = RatesFromJson(j);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_DOUBLE_EQ(back->device_split.optimizer_params_per_s, 2e9);
+  j["device_split"] = {{"optimizer_params_per_s", -1}, {"other_s_per_param", 0}, {"overlap_factor", 1}};
+  back = RatesFromJson(j);
+  ASSERT_FALSE(back.ok());
+  EXPECT_NE(back.status().message().find("\"device_split.optimizer_params_per_s\""), std::string::npos)
+      << back.status().ToString();
 }
 
 // A CPU optimizer at stage 3 steps at its own calibration (gathers and hooks beside the
