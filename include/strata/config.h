@@ -118,6 +118,11 @@ struct StrataConfig {
   // pinned host memory instead (0-1), or -1 ("auto"): as many as the host budget holds
   // beside the NVMe pipeline of the rest.
   double optimizer_resident = -1;
+  // The optimizer state on NVMe, gradients on the NVMe path: the fraction of chunks whose
+  // fp32 gradient shard waits in pinned host memory instead (0-1; the resident chunks'
+  // always do), or -1 ("auto"): where the shards would go to disk and back each step,
+  // as many as the host budget holds (residency_plan.h), else none beyond the resident.
+  double gradient_resident = -1;
   // Stage 3 with offload_param nvme: the fraction of chunks whose 16-bit parameter shard
   // stays in pinned host memory instead (0-1), or -1 ("auto"): as many as the host
   // budget holds after everything else (optimizer residency included).

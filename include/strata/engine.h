@@ -186,6 +186,12 @@ struct EngineLayoutInfo {
   // NVMe pipeline), chosen as those the backward finishes last. Their step reads and
   // writes no disk.
   int optimizer_resident_chunks = 0;
+  // Optimizer and gradients on NVMe, where the shards go to disk and back each step
+  // (accumulation, clipping, overlap off): chunks beyond the resident ones whose fp32
+  // gradient shard waits in pinned memory instead, as many as the host budget holds
+  // (strata.gradients auto), along the same order. With accumulation they are kept
+  // before any state is.
+  int gradient_resident_chunks = 0;
   // Optimizer on the CPU with offload_optimizer.ratio below 1: the chunks whose optimizer
   // state and gradient shard stay on the device (the (1 - ratio) share, rounded to the
   // nearest chunk), chosen as those the backward finishes last.

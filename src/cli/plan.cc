@@ -135,6 +135,10 @@ std::string Report(const tools::PlanRequest& r, const std::vector<tools::PlanCan
       params += (params.empty() ? "" : " + ") + std::to_string(l.param_device_chunks) + of + " on device";
     }
     if (!params.empty()) resident = (resident == "-" ? "" : resident + ", ") + "params " + params;
+    if (l.gradient_resident_chunks > 0) {
+      resident = (resident == "-" ? "" : resident + ", ") + "grads +" +
+                 std::to_string(l.gradient_resident_chunks) + of;
+    }
     t.AddRow({std::to_string(++n), c.name, FormatBytes(l.device_need), FormatBytes(l.host_need),
               FormatBytes(c.process.total()), FormatBytes(l.nvme_need), resident,
               c.config.strata.overlap ? "on" : "off", FormatSeconds(c.predicted_s), c.critical_lane});

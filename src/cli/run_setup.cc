@@ -96,12 +96,18 @@ void PrintConfigSummary(const Config& c, const Origins& origin, const EngineLayo
   std::printf("  ZeRO stage %d%s, world size %d, device %s, %s\n", c.zero.stage,
               Origin(origin, "zero_optimization.stage").c_str(), world_size,
               std::string(DeviceKindName(c.strata.device)).c_str(), dtype);
+  std::string grads = l.gradient_pieces_on_nvme
+                          ? "nvme, a piece at a time (no pinned shard fits the host budget)"
+                      : l.gradients_on_nvme                                     ? "nvme"
+                      : c.zero.offload_optimizer.device == OffloadDevice::kNone ? "device"
+                                                                                : "host";
+  if (l.gradient_resident_chunks > 0) {
+    grads +=
+        " (but " + std::to_string(l.gradient_resident_chunks) + " more chunks' shards kept in pinned memory)";
+  }
   std::printf("  optimizer state: %s; parameters: %s; gradients: %s\n",
               Placement(c, c.zero.offload_optimizer).c_str(), Placement(c, c.zero.offload_param).c_str(),
-              l.gradient_pieces_on_nvme ? "nvme, a piece at a time (no pinned shard fits the host budget)"
-              : l.gradients_on_nvme     ? "nvme"
-              : c.zero.offload_optimizer.device == OffloadDevice::kNone ? "device"
-                                                                        : "host");
+              grads.c_str());
   if (c.zero.offload_optimizer.device == OffloadDevice::kNvme) {
     const std::string why = Origin(origin, "strata.optimizer_resident");
     std::printf(
@@ -134,8 +140,7 @@ void PrintConfigSummary(const Config& c, const Origins& origin, const EngineLayo
            "auto (what the device budget holds after the gather buffers)"}};
       for (const auto& t : tiers) {
         std::printf(
-            "  parameter shards %s: %d of %d chunks (%s); %s %s%s\n", t.where, t.chunks,
-            l.num_chunks,
+            "  parameter shards %s: %d of %d chunks (%s); %s %s%s\n", t.where, t.chunks, l.num_chunks,
             FormatBytes(static_cast<uint64_t>(t.chunks) * l.shard_elems * tools::ComputeBytes(c)).c_str(),
             t.key, t.fraction < 0 ? t.auto_text : FormatDouble("%g", t.fraction).c_str(),
             Origin(origin, t.key).c_str());

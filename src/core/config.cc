@@ -219,6 +219,7 @@ Status ReadStrata(JsonReader& r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Enum("gradients", {"auto", "host", "nvme"}, &s->gradients));
   STRATA_RETURN_IF_ERROR(r.Enum("plan", {"off", "auto"}, &s->plan));
   STRATA_RETURN_IF_ERROR(r.DoubleOrAuto("optimizer_resident", 0, 1, &s->optimizer_resident));
+  STRATA_RETURN_IF_ERROR(r.DoubleOrAuto("gradient_resident", 0, 1, &s->gradient_resident));
   STRATA_RETURN_IF_ERROR(r.DoubleOrAuto("param_resident", 0, 1, &s->param_resident));
   STRATA_RETURN_IF_ERROR(r.DoubleOrAuto("param_on_device", 0, 1, &s->param_on_device));
   STRATA_RETURN_IF_ERROR(r.Double("collective_timeout_s", 0.001, 1e7, &s->collective_timeout_s));
@@ -410,6 +411,8 @@ nlohmann::json ConfigToJson(const Config& c) {
       {"plan", s.plan},
       {"optimizer_resident",
        s.optimizer_resident < 0 ? nlohmann::json("auto") : nlohmann::json(s.optimizer_resident)},
+      {"gradient_resident",
+       s.gradient_resident < 0 ? nlohmann::json("auto") : nlohmann::json(s.gradient_resident)},
       {"param_resident", s.param_resident < 0 ? nlohmann::json("auto") : nlohmann::json(s.param_resident)},
       {"param_on_device", s.param_on_device < 0 ? nlohmann::json("auto") : nlohmann::json(s.param_on_device)},
       {"collective_timeout_s", s.collective_timeout_s}};

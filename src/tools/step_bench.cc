@@ -184,6 +184,10 @@ std::string RunText(const Config& c, const StepBenchOptions& o, int world_size, 
   if (c.zero.offload_optimizer.device == OffloadDevice::kNvme) {
     out += "  optimizer resident   " + std::to_string(main.layout.optimizer_resident_chunks) + " of " +
            std::to_string(main.layout.num_chunks) + " chunks in pinned host memory, the rest on NVMe\n";
+    if (main.layout.gradient_resident_chunks > 0) {
+      out += "  gradients kept       " + std::to_string(main.layout.gradient_resident_chunks) +
+             " more chunks' shards in pinned host memory, the rest to NVMe and back\n";
+    }
   }
   if (main.layout.optimizer_device_chunks > 0) {
     out += "  optimizer on device  " + std::to_string(main.layout.optimizer_device_chunks) + " of " +
@@ -235,6 +239,7 @@ nlohmann::json HeaderJson(const Config& c, const StepBenchOptions& o, int world_
                 {"micro_batch", o.micro_batch},
                 {"kept_chunks", main.layout.kept_chunks},
                 {"optimizer_resident_chunks", main.layout.optimizer_resident_chunks},
+                {"gradient_resident_chunks", main.layout.gradient_resident_chunks},
                 {"optimizer_device_chunks", main.layout.optimizer_device_chunks},
                 {"param_resident_chunks", main.layout.param_resident_chunks},
                 {"param_device_chunks", main.layout.param_device_chunks},

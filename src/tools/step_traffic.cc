@@ -74,11 +74,12 @@ LaneWork PredictTraffic(const Config& c, int world_size, const EngineLayoutInfo&
     if (l.gradients_on_nvme && (a > 1 || l.gradient_pieces_on_nvme)) {
       // Each micro-batch's gradients are written, read back by the next one's to add to,
       // and by the step; with one micro-batch they go straight to the step, unless they
-      // go to NVMe in pieces (no pinned shard holds them). A resident chunk's gradients
-      // wait in host memory.
+      // go to NVMe in pieces (no pinned shard holds them). A resident chunk's gradients,
+      // and those kept on their own, wait in host memory.
       const double slot = l.gradient_pieces_on_nvme ? PieceBytesPerChunk(l, opt, 4) : Align4K(opt * 4);
-      w.nvme_write_bytes += a * on_disk * slot;
-      w.nvme_read_bytes += a * on_disk * slot;
+      const double grads_on_disk = on_disk - l.gradient_resident_chunks;
+      w.nvme_write_bytes += a * grads_on_disk * slot;
+      w.nvme_read_bytes += a * grads_on_disk * slot;
     }
   }
   if (par_dev == OffloadDevice::kNvme) {

@@ -113,6 +113,13 @@ Status CheckOffloadKeys(const Config& config) {
         "strata.optimizer_resident: keeps part of an NVMe optimizer's state in pinned host memory; it "
         "needs zero_optimization.offload_optimizer.device \"nvme\" (leave it \"auto\" otherwise)");
   }
+  if (config.strata.gradient_resident >= 0 &&
+      (opt_tier != ZeroTier::kNvme || config.strata.gradients == "host")) {
+    return InvalidArgumentError(
+        "strata.gradient_resident: keeps part of the fp32 gradient shards of an NVMe optimizer in pinned "
+        "host memory instead of on NVMe; it needs zero_optimization.offload_optimizer.device \"nvme\" with "
+        "strata.gradients \"auto\" or \"nvme\" (leave it \"auto\" otherwise)");
+  }
   const struct {
     const char* key;
     double fraction;

@@ -23,8 +23,8 @@
 namespace strata {
 
 Status Engine::Impl::OpenGradStore() {
-  // Resident chunks keep their shards in pinned memory.
-  const int on_disk = layout.num_chunks - info.optimizer_resident_chunks;
+  // Resident chunks, and those whose gradients alone are kept, have pinned shards.
+  const int on_disk = layout.num_chunks - info.optimizer_resident_chunks - info.gradient_resident_chunks;
   if (on_disk == 0) return OkStatus();
   NvmeStoreOptions so;
   so.paths = SwapPaths(config, config.zero.offload_optimizer);
@@ -35,15 +35,16 @@ Status Engine::Impl::OpenGradStore() {
   if (stream_grads) return OpenGradPieces(so);
   STRATA_ASSIGN_OR_RETURN(grad_store, NvmeStore::Open(*io, so));
   for (int c = 0; c < layout.num_chunks; ++c) {
-    if (Resident(c)) continue;
+    if (GradTierOf(c) != ZeroTier::kNvme) continue;
     STRATA_ASSIGN_OR_RETURN(opt[c].grad_slot, grad_store->Allocate());
   }
   return OkStatus();
 }
 
 Status Engine::Impl::OpenGradPieces(NvmeStoreOptions so) {
-  STRATA_ASSIGN_OR_RETURN(grad_pieces,
-                          OpenPieceSwap(std::move(so), 4, [this](int c) { return !Resident(c); }));
+  STRATA_ASSIGN_OR_RETURN(grad_pieces, OpenPieceSwap(std::move(so), 4, [this](int c) {
+                            return GradTierOf(c) == ZeroTier::kNvme;
+                          }));
   const uint64_t piece_bytes = piece_shape.SlotBytes(4);
   for (int i = 0; i < zero::kGradWritePieces + zero::kGradReadPieces; ++i) {
     STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(piece_bytes, "gradient pieces on their way to and from NVMe"));

@@ -130,8 +130,13 @@ struct Engine::Impl {
   ZeroTier OptTierOf(int chunk) const {
     return OnDevice(chunk) ? ZeroTier::kDevice : Resident(chunk) ? ZeroTier::kHost : opt_tier;
   }
+  // grad_tier nvme: by chunk, whether a chunk whose state is on NVMe keeps its gradient
+  // shard in pinned memory (residency_plan.h); empty when none does.
+  std::vector<uint8_t> grad_resident;
   ZeroTier GradTierOf(int chunk) const {
-    return OnDevice(chunk) ? ZeroTier::kDevice : Resident(chunk) ? ZeroTier::kHost : grad_tier;
+    if (OnDevice(chunk)) return ZeroTier::kDevice;
+    const bool kept = Resident(chunk) || (!grad_resident.empty() && grad_resident[chunk]);
+    return kept ? ZeroTier::kHost : grad_tier;
   }
   // Chunks the optimizer steps in place in Step(), before the speculative steps are
   // waited for: the NVMe optimizer's resident chunks and the ratio's device chunks.

@@ -62,6 +62,7 @@ Status Engine::Impl::PlanLayout(zero::EnginePlan& plan) {
       static_cast<int>(std::count(piece_shape.live.begin(), piece_shape.live.end(), 0));
   info.optimizer_resident_chunks = static_cast<int>(std::count(opt_resident.begin(), opt_resident.end(), 1));
   info.optimizer_device_chunks = static_cast<int>(std::count(opt_on_device.begin(), opt_on_device.end(), 1));
+  info.gradient_resident_chunks = static_cast<int>(std::count(grad_resident.begin(), grad_resident.end(), 1));
   // The chunks whose shard lives on disk; a resident chunk's master is its shard.
   const int params_on_disk = param_from_master
                                  ? l.num_chunks - info.optimizer_resident_chunks
@@ -81,7 +82,11 @@ Status Engine::Impl::PlanLayout(zero::EnginePlan& plan) {
                                << gather_plan.max_prefetch_modules << " modules, " << info.kept_chunks
                                << " chunks kept from forward to backward, " << info.carried_chunks
                                << " carried between micro-batches)"
-                               << (grad_tier == ZeroTier::kNvme ? "; gradients on NVMe" : "");
+                               << (grad_tier == ZeroTier::kNvme
+                                       ? "; gradients on NVMe but for " +
+                                             std::to_string(info.gradient_resident_chunks) +
+                                             " more chunks kept"
+                                       : "");
   return OkStatus();
 }
 
@@ -94,6 +99,7 @@ void Engine::Impl::TakePlan(const zero::EnginePlan& plan) {
   grad_tier = plan.grad_tier;
   opt_on_device = plan.opt_on_device;
   opt_resident = plan.opt_resident;
+  grad_resident = plan.grad_resident;
   param_tiers = plan.param_tiers;
   grad_buffers = plan.grad_buffers;
   opt_staging_count = plan.opt_staging_count;

@@ -155,7 +155,7 @@ Status Engine::Impl::StepChunkNvme(int chunk, float grad_scale, bool speculative
   STRATA_RETURN_IF_ERROR(nvme_opt->SettleCommit(chunk));
   // Gradients on NVMe are read back (one read for all pieces, in flight while the first
   // piece's state arrives) unless the caller holds the shard.
-  const bool read_grad = grad == nullptr && grad_tier == ZeroTier::kNvme;
+  const bool read_grad = grad == nullptr && GradTierOf(chunk) == ZeroTier::kNvme;
   if (read_grad && !o.grad_on_disk) {
     return InternalError(
         "engine: chunk " + std::to_string(chunk) +

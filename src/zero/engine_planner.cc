@@ -163,6 +163,11 @@ void EnginePlanner::PlanHostNeed() {
   PlanHostNeedAs(/*stream=*/true, /*stream_grads=*/true);
 }
 
+bool EnginePlanner::GradsTouchDisk() const {
+  return out_.stream_grads || !overlap_ || config_.gradient_clipping > 0 ||
+         config_.gradient_accumulation_steps > 1;
+}
+
 uint64_t EnginePlanner::GradDiskBytes() const {
   return out_.stream_grads ? out_.pieces.ShardSlotBytes(4) : out_.grad_slot_bytes;
 }
@@ -244,10 +249,11 @@ void EnginePlanner::PlanNvmeGradients(TierNeed& h, bool stream, bool stream_grad
   // budget would hold the shards, and the freed memory deepens the staging pipeline
   // (100M-parameter stage-3 step at 1200 MiB: 1.70 s against 1.82 s in memory). Not
   // with gradient accumulation: every micro-batch but the last writes and reads back
-  // each shard there.
-  const bool free_on_nvme =
-      overlap_ && config_.gradient_clipping <= 0 && config_.gradient_accumulation_steps <= 1;
-  if (want == "nvme" || (want == "auto" && (free_on_nvme || on_host > out_.host_budget.bytes))) {
+  // each shard there. Then auto keeps as many shards pinned as the budget holds
+  // (PlanExtras), and only the rest take the disk path.
+  const double kept_share = config_.strata.gradient_resident;
+  if (want == "nvme" || kept_share >= 0 ||
+      (want == "auto" && (!GradsTouchDisk() || on_host > out_.host_budget.bytes))) {
     out_.grad_tier = ZeroTier::kNvme;
     const int waiting = stream ? 1 : 2;
     out_.stream_grads = stream_grads;
@@ -264,6 +270,14 @@ void EnginePlanner::PlanNvmeGradients(TierNeed& h, bool stream, bool stream_grad
     }
     h.Add(Part("the fp32 gradient shards of the " + Chunks(resident) + " kept in memory",
                resident * out_.grad_slot_bytes, NeedScale::kModel, "lower strata.optimizer_resident", true));
+    const int kept = kept_share < 0 ? 0 : ResidentCount(n_chunks, kept_share) - resident;
+    if (kept > 0) {
+      char text[32];
+      std::snprintf(text, sizeof(text), "%g", kept_share);
+      h.Add(Part("the fp32 gradient shards of " + Chunks(kept) +
+                     " more kept in memory (strata.gradient_resident " + text + ")",
+                 kept * out_.grad_slot_bytes, NeedScale::kModel, "lower strata.gradient_resident", true));
+    }
   } else {
     h.Add(Part("the fp32 gradient shards", n_chunks * out_.grad_slot_bytes, NeedScale::kModel,
                want == "host" ? "strata.gradients \"nvme\"" : "", true));

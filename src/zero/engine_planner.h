@@ -85,6 +85,9 @@ struct EnginePlan {
   // By chunk (empty when none): state on the device under a CPU optimizer (ratio);
   // state of the NVMe optimizer kept in pinned memory.
   std::vector<uint8_t> opt_on_device, opt_resident;
+  // By chunk (empty when none): state on NVMe, gradient shard kept in pinned memory
+  // instead of going to NVMe and back (grad_tier nvme; residency_plan.h).
+  std::vector<uint8_t> grad_resident;
   // Stage 3 with a parameter swap: by chunk, the tier of its 16-bit shard, host
   // (strata.param_resident) or device (strata.param_on_device) for those kept off the
   // disk; empty when every shard is on NVMe.
@@ -124,6 +127,10 @@ class EnginePlanner {
   void PlanNvmeGradients(TierNeed& h, bool stream, bool stream_grads, int resident);
   // NVMe bytes of one chunk's gradient shard: one slot, or a slot per piece.
   uint64_t GradDiskBytes() const;
+  // Whether gradient shards on the NVMe path go to disk and back each step: with
+  // accumulation, clipping (a redone step), overlap off, or in pieces. Otherwise the
+  // speculative step takes each from its pinned buffer (engine_grads.cc).
+  bool GradsTouchDisk() const;
   // strata.optimizer_resident set: adds the state of the chunks it asks for to the host
   // need `h`; their count (0 when unset). PlanExtras marks which (residency_plan.h).
   int PlanExplicitResidency(TierNeed& h);

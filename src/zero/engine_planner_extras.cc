@@ -22,11 +22,16 @@ void EnginePlanner::PlanExtras() {
     in.trace = &trace_;
     in.pieces = out_.pieces.pieces;
     in.set_bytes = out_.opt_set_bytes;
-    in.chunk_bytes = ResidentStateBytes() + (out_.grad_tier == ZeroTier::kNvme ? out_.grad_slot_bytes : 0);
+    in.grad_bytes = out_.grad_tier == ZeroTier::kNvme ? out_.grad_slot_bytes : 0;
+    in.chunk_bytes = ResidentStateBytes() + in.grad_bytes;
     in.room = host_room();
     in.fraction = config_.strata.optimizer_resident;
+    in.grad_fraction = config_.strata.gradient_resident;
+    in.keep_grads = config_.strata.gradients == "auto" && GradsTouchDisk();
+    in.grads_first = config_.gradient_accumulation_steps > 1;
     ResidencyPlan r = PlanResidency(in);
     out_.opt_resident = std::move(r.resident);
+    out_.grad_resident = r.grad_count > 0 ? std::move(r.grad_resident) : std::vector<uint8_t>{};
     out_.opt_staging_count = r.staging_sets;
     host += r.extra_bytes;
   }
@@ -64,6 +69,7 @@ void EnginePlanner::PlanExtras() {
   // The disk was checked for every chunk (before residency was chosen); the stores hold
   // slots only for the chunks on disk (OpenNvmeStores, OpenGradStore).
   const uint64_t resident = std::count(out_.opt_resident.begin(), out_.opt_resident.end(), 1);
+  const uint64_t grads_kept = std::count(out_.grad_resident.begin(), out_.grad_resident.end(), 1);
   const uint64_t per_resident = opt_tier_ == ZeroTier::kNvme
                                     ? 2ull * out_.pieces.pieces * out_.opt_set_bytes +
                                           (out_.grad_tier == ZeroTier::kNvme ? GradDiskBytes() : 0)
@@ -73,7 +79,8 @@ void EnginePlanner::PlanExtras() {
                                   : ParamShardBytes();
   const uint64_t params_off_disk =
       static_cast<uint64_t>(out_.param_resident_chunks + out_.param_device_chunks) * param_slot;
-  out_.nvme_need = out_.nvme.Total() - resident * per_resident - params_off_disk;
+  out_.nvme_need =
+      out_.nvme.Total() - resident * per_resident - grads_kept * GradDiskBytes() - params_off_disk;
 }
 
 uint64_t EnginePlanner::PlanParamResidency(uint64_t room) {

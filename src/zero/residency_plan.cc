@@ -42,30 +42,52 @@ int ResidentCount(int num_chunks, double fraction) {
 
 ResidencyPlan PlanResidency(const ResidencyInputs& in) {
   const int n = in.layout->num_chunks;
-  const uint64_t set = std::max<uint64_t>(in.set_bytes, 1);
-  ResidencyPlan p;
-  int count = 0;
-  if (in.fraction >= 0) {
-    count = ResidentCount(n, in.fraction);  // its state is in the fixed needs
-  } else {
-    // The most chunks that fit beside the pipeline the rest then want.
-    for (int k = n; k > 0; --k) {
-      const uint64_t need = k * in.chunk_bytes + (WantedSets(n - k, in.pieces) - 1) * set;
-      if (need <= in.room) {
-        count = k;
-        break;
-      }
+  const uint64_t set = std::max<uint64_t>(in.set_bytes, 1), grad = in.grad_bytes;
+  const uint64_t state = in.chunk_bytes - grad;
+  const bool auto_state = in.fraction < 0, auto_grads = in.keep_grads && in.grad_fraction < 0 && grad > 0;
+  // The chunks whose gradient shards the fixed needs hold: the explicit fractions'.
+  const int fixed_count = auto_state ? 0 : ResidentCount(n, in.fraction);
+  const int paid =
+      std::max(fixed_count, in.grad_fraction < 0 || grad == 0 ? 0 : ResidentCount(n, in.grad_fraction));
+  // The staging sets beyond the fixed one that the chunks left on disk want.
+  auto pipeline = [&](int resident) { return (WantedSets(n - resident, in.pieces) - 1) * set; };
+  // Pinned bytes beyond the fixed needs with `k` chunks resident and `kept` gradient
+  // shards pinned (both prefixes of the same order).
+  auto extra = [&](int k, int kept) {
+    return (auto_state ? k * state : 0) + (std::max({k, kept, paid}) - paid) * grad;
+  };
+  // The largest k in (lo, hi] that `fits`, else lo.
+  auto largest = [](int lo, int hi, auto fits) {
+    for (int k = hi; k > lo; --k) {
+      if (fits(k)) return k;
     }
-    p.extra_bytes = count * in.chunk_bytes;
+    return lo;
+  };
+  int count = fixed_count, kept = paid;
+  if (auto_grads && in.grads_first) {
+    // Every gradient shard that fits, then the chunks whose state fits beside a full
+    // pipeline (their shards already paid for).
+    kept = largest(paid, n, [&](int j) { return extra(count, j) <= in.room; });
+    if (auto_state) count = largest(0, kept, [&](int k) { return extra(k, kept) + pipeline(k) <= in.room; });
+  } else {
+    // The most chunks that fit beside the pipeline the rest then want; then gradient
+    // shards, which cut bytes on the disk where a deeper pipeline only hides them.
+    if (auto_state) count = largest(0, n, [&](int k) { return extra(k, paid) + pipeline(k) <= in.room; });
+    kept = std::max(paid, count);
+    if (auto_grads) kept = largest(kept, n, [&](int j) { return extra(count, j) <= in.room; });
   }
-  const uint64_t left = in.room - std::min(in.room, p.extra_bytes);
-  const uint64_t more = std::min<uint64_t>(WantedSets(n - count, in.pieces) - 1, left / set);
+  uint64_t used = extra(count, kept);
+  ResidencyPlan p;
+  const uint64_t more = std::min<uint64_t>(WantedSets(n - count, in.pieces) - 1, (in.room - used) / set);
   p.staging_sets = 1 + static_cast<int>(more);
-  p.extra_bytes += more * set;
+  used += more * set;
+  p.extra_bytes = used;
   p.resident.assign(n, 0);
+  p.grad_resident.assign(n, 0);
   const std::vector<int> order = ResidencyOrder(*in.layout, *in.trace);
-  for (int i = 0; i < count; ++i) p.resident[order[i]] = 1;
+  for (int i = 0; i < std::max(count, kept); ++i) (i < count ? p.resident : p.grad_resident)[order[i]] = 1;
   p.count = count;
+  p.grad_count = std::max(0, kept - count);
   return p;
 }
 

@@ -7,8 +7,10 @@
 // the chunks it finishes last are stepped after it, on the critical path. Kept in
 // memory, their step is one pass over RAM instead of a read and a write of the disk.
 // They are also the chunks the next forward needs first. So the chunks whose last use in
-// the micro-batch comes latest stay resident. A pure function: tested on its own, and
-// `strata plan` can call it ahead of a run.
+// the micro-batch comes latest stay resident. Gradient shards that would go to NVMe and
+// back each step are kept along the same order: the shards reduced last are the ones
+// whose write and read would sit at the end of the backward. A pure function: tested on
+// its own, and `strata plan` can call it ahead of a run.
 #pragma once
 
 #include <cstdint>
@@ -29,21 +31,41 @@ struct ResidencyInputs {
   const Trace* trace = nullptr;  // the call order residency is chosen along
   int pieces = 1;                // per chunk
   uint64_t set_bytes = 0;        // one staging set: a piece's master | m | v
-  uint64_t chunk_bytes = 0;      // pinned bytes one resident chunk adds
+  uint64_t chunk_bytes = 0;      // pinned bytes one resident chunk adds (its gradient shard too)
+  // Gradients on the NVMe path: the pinned bytes of one chunk's gradient shard (part of
+  // chunk_bytes); 0 when they wait elsewhere.
+  uint64_t grad_bytes = 0;
   // Pinned bytes the budget leaves beyond the fixed needs (which hold one staging set,
   // and the state of the chunks `fraction` asks for, when it is set).
   uint64_t room = 0;
   // strata.optimizer_resident: the fraction of chunks to keep resident (rounded to the
   // nearest chunk), or < 0 for as many as `room` holds beside a full pipeline.
   double fraction = -1;
+  // strata.gradient_resident: the fraction of chunks whose gradient shard stays pinned
+  // (in the fixed needs, as `fraction`'s state), or < 0 for auto: `keep_grads` then says
+  // whether the shards go to disk and back each step, so that what the room leaves
+  // keeps more of them.
+  double grad_fraction = -1;
+  bool keep_grads = false;
+  // Auto keeps gradient shards before state: with accumulation over `a` micro-batches a
+  // kept shard saves 8a bytes of disk traffic per parameter for 4 pinned bytes, a
+  // resident chunk 24 + 8a for 16, so from a = 2 on a pinned byte saves more as a
+  // gradient. Otherwise the resident chunks come first. Either way kept shards come
+  // before staging sets beyond the fixed one: they cut the disk's bytes, where a deeper
+  // pipeline only hides them (as the plan's rule for all of them: pinned if they fit).
+  bool grads_first = false;
 };
 
 struct ResidencyPlan {
   std::vector<uint8_t> resident;  // by chunk
   int count = 0;
+  // By chunk: state on NVMe, gradient shard in pinned memory (grad_bytes > 0); the next
+  // chunks along the same order as the resident ones.
+  std::vector<uint8_t> grad_resident;
+  int grad_count = 0;
   int staging_sets = 1;  // the fixed one included
-  // Pinned bytes beyond the fixed needs: the auto mode's resident chunks and the staging
-  // sets beyond the first.
+  // Pinned bytes beyond the fixed needs: the auto mode's resident chunks, the staging
+  // sets beyond the first and the kept gradient shards.
   uint64_t extra_bytes = 0;
 };
 

@@ -9,8 +9,8 @@
 
 #include "strata/device.h"
 #include "tools/mirror_world.h"
-#include "tools/plan_test_model.h"
 #include "tools/model_engine.h"
+#include "tools/plan_test_model.h"
 #include "tools/step_traffic.h"
 #include "zero/mpi_world.h"
 #include "zero/trainer.h"
@@ -25,6 +25,7 @@ struct Combo {
   const char* opt;
   const char* param;
   int accumulation = 1;
+  double grad_resident = -1;  // strata.gradient_resident (nvme optimizer), -1: auto
 };
 
 std::string Swap() {
@@ -47,6 +48,7 @@ Config MakeConfig(const Combo& k) {
     if (std::string(dev) != "none") j["zero_optimization"][key] = {{"device", dev}, {"nvme_path", Swap()}};
   }
   if (std::string(k.opt) == "nvme") j["strata"]["optimizer_resident"] = 0;
+  if (k.grad_resident >= 0) j["strata"]["gradient_resident"] = k.grad_resident;
   Result<Config> c = ParseConfig(j);
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   return c.ok() ? *c : Config{};
@@ -95,10 +97,11 @@ INSTANTIATE_TEST_SUITE_P(Combos, TrafficMpiTest,
                          ::testing::Values(Combo{0, "none", "none"}, Combo{1, "cpu", "none", 2},
                                            Combo{2, "none", "none"}, Combo{3, "none", "none"},
                                            Combo{3, "cpu", "cpu", 2}, Combo{3, "cpu", "nvme"},
-                                           Combo{3, "nvme", "none", 2}),
+                                           Combo{3, "nvme", "none", 2}, Combo{3, "nvme", "none", 2, 0.5}),
                          [](const ::testing::TestParamInfo<Combo>& i) {
                            return "stage" + std::to_string(i.param.stage) + "_" + i.param.opt + "_" +
-                                  i.param.param + "_accum" + std::to_string(i.param.accumulation);
+                                  i.param.param + "_accum" + std::to_string(i.param.accumulation) +
+                                  (i.param.grad_resident >= 0 ? "_grads_kept_half" : "");
                          });
 
 }  // namespace

@@ -53,6 +53,11 @@ inline void CheckCombos(Communicator& world, const std::vector<Combo>& combos) {
       EXPECT_GT(run.resident_chunks, 0) << ComboName(c);
       EXPECT_LT(run.resident_chunks, run.num_chunks) << ComboName(c);
     }
+    if (c.grad_resident > 0 && run.status.ok()) {
+      // Shards kept beyond the resident chunks, and some left on the NVMe path.
+      EXPECT_GT(run.grad_resident_chunks, 0) << ComboName(c);
+      EXPECT_LT(run.resident_chunks + run.grad_resident_chunks, run.num_chunks) << ComboName(c);
+    }
     if (c.param_resident > 0 && run.status.ok()) {
       EXPECT_GT(run.param_resident_chunks, 0) << ComboName(c);
       EXPECT_LT(run.param_resident_chunks, run.num_chunks) << ComboName(c);
@@ -125,7 +130,8 @@ inline void CheckAccumulation(Communicator& world) {
   zero::TrainSpec small = big;
   small.micro_batch = 4;
   for (const Combo& c : {Combo{2, "cpu", "none"}, Combo{3, "nvme", "cpu"}, Combo{3, "nvme", "none", "nvme"},
-                         Combo{3, "nvme", "nvme", "nvme", kPiecedSubGroup}}) {
+                         Combo{3, "nvme", "nvme", "nvme", kPiecedSubGroup},
+                         Combo{3, "nvme", "none", "auto", 0, 0, 1, 0, 0, 0.5}}) {
     EngineRun one = RunEngine(world, MakeConfig(c), big);
     EngineRun four = RunEngine(world, MakeConfig(c, R"({"gradient_accumulation_steps": 4})"), small);
     ASSERT_TRUE(one.status.ok()) << one.status.ToString();
@@ -143,9 +149,9 @@ inline void CheckClipping(Communicator& world) {
   int clipped = 0;
   for (double c : ref->log.clip_coefs) clipped += c < 1;
   ASSERT_GT(clipped, 5) << "the clipping threshold should engage in most steps";
-  for (const Combo& c :
-       {Combo{1, "none", "none"}, Combo{2, "cpu", "none"}, Combo{3, "nvme", "nvme"},
-        Combo{3, "nvme", "cpu", "nvme"}, Combo{3, "nvme", "nvme", "nvme", kPiecedSubGroup}}) {
+  for (const Combo& c : {Combo{1, "none", "none"}, Combo{2, "cpu", "none"}, Combo{3, "nvme", "nvme"},
+                         Combo{3, "nvme", "cpu", "nvme"}, Combo{3, "nvme", "nvme", "nvme", kPiecedSubGroup},
+                         Combo{3, "nvme", "nvme", "auto", kPiecedSubGroup, 0, 1, 0, 0, 0.5}}) {
     EngineRun run = RunEngine(world, MakeConfig(c, extra), spec);
     ExpectMatchesReference(run, *ref, 1e-5, kAtol, kRtol, ComboName(c) + " with clipping");
   }

@@ -40,6 +40,9 @@ struct Combo {
   // strata.param_on_device (stage 3, parameters on NVMe): the fraction of chunks whose
   // 16-bit shard stays in device memory; -1 for "auto". 0 by default, as `resident`.
   double param_on_device = 0;
+  // strata.gradient_resident (nvme optimizer only): the fraction of chunks whose gradient
+  // shard stays in pinned memory (the resident ones' included); -1 leaves it "auto".
+  double grad_resident = -1;
 };
 
 // A sub_group_size that cuts SmallSpec's chunk shards into pieces of 1024 elements, several
@@ -58,7 +61,10 @@ inline std::vector<Combo> PartialResidencyCombos() {
           {3, "nvme", "none", "nvme", 0, 0.5},
           {3, "nvme", "cpu", "host", 0, 0.5},
           {3, "nvme", "nvme", "nvme", kPiecedSubGroup, 0.5},
-          {3, "nvme", "nvme", "host", kPiecedSubGroup, 0.5}};
+          {3, "nvme", "nvme", "host", kPiecedSubGroup, 0.5},
+          // Gradient shards kept beyond the resident chunks, the rest on the NVMe path.
+          {3, "nvme", "nvme", "nvme", 0, 0.25, 1, 0, 0, 0.5},
+          {3, "nvme", "none", "auto", kPiecedSubGroup, 0, 1, 0, 0, 0.5}};
 }
 
 // A CPU optimizer with part of its chunks on the device (offload_optimizer.ratio), at
@@ -140,7 +146,8 @@ inline std::string ComboName(const Combo& c) {
          (c.param_on_device != 0
               ? "/param_on_device=" +
                     (c.param_on_device < 0 ? std::string("auto") : std::to_string(c.param_on_device))
-              : "");
+              : "") +
+         (c.grad_resident >= 0 ? "/grad_resident=" + std::to_string(c.grad_resident) : "");
 }
 
 // A swap directory private to this run. Every rank must name the same one (the config
@@ -180,6 +187,7 @@ inline Config MakeConfig(const Combo& c, const std::string& extra_json = "") {
   if (c.ratio != 1) j["zero_optimization"]["offload_optimizer"]["ratio"] = c.ratio;
   if (std::string(c.opt) == "nvme") {
     j["strata"]["optimizer_resident"] = c.resident < 0 ? nlohmann::json("auto") : nlohmann::json(c.resident);
+    if (c.grad_resident >= 0) j["strata"]["gradient_resident"] = c.grad_resident;
   }
   if (c.stage == 3 && std::string(c.param) == "nvme") {
     j["strata"]["param_resident"] =
@@ -216,6 +224,7 @@ struct EngineRun {
   int device_chunks = 0;                                    // optimizer_device_chunks
   int param_resident_chunks = 0;                            // param_resident_chunks
   int param_device_chunks = 0;                              // param_device_chunks
+  int grad_resident_chunks = 0;                             // gradient_resident_chunks
   Status status;
 };
 
@@ -277,6 +286,7 @@ inline EngineRun RunEngine(Communicator& world, const Config& config, const zero
   run.device_chunks = (*engine)->layout_info().optimizer_device_chunks;
   run.param_resident_chunks = (*engine)->layout_info().param_resident_chunks;
   run.param_device_chunks = (*engine)->layout_info().param_device_chunks;
+  run.grad_resident_chunks = (*engine)->layout_info().gradient_resident_chunks;
   run.carried_chunks = (*engine)->layout_info().carried_chunks;
   return run;
 }

@@ -59,6 +59,91 @@ TEST(EngineResidency, NvmeBytesFallInProportionAndResultsStayTheReferences) {
   }
 }
 
+// Clipping sends every gradient shard on the NVMe path to disk (a clipped step is
+// redone from it): what the budget leaves keeps shards in pinned memory instead, with
+// the state on disk (optimizer_resident 0), and their writes and reads go.
+Config ClippedAt(uint64_t host_budget) {
+  return MakeConfig(
+      {3, "nvme", "none", "auto", 0, 0},
+      R"({"gradient_clipping": 0.05, "strata": {"host_budget": )" + std::to_string(host_budget) + "}}");
+}
+
+// Gradient shards in pinned memory: every one once the budget holds them all (the plan
+// then takes them off the NVMe path).
+int KeptShards(const EngineLayoutInfo& l) {
+  return l.gradients_on_nvme ? l.optimizer_resident_chunks + l.gradient_resident_chunks : l.num_chunks;
+}
+
+TEST(EngineResidency, KeptGradientShardsGrowWithTheBudgetAndTheirDiskTrafficGoes) {
+  const zero::TrainSpec spec = ManyChunks(3);
+  int n = 0;
+  const auto sweep = SweepBudgets(spec, {64 * 1024, 16 * 1024 * 1024, 8 * 1024, ClippedAt, KeptShards}, &n);
+  ASSERT_FALSE(sweep.empty()) << "no budget up to 16 MiB holds the plan";
+  ASSERT_GE(n, 6);
+  EXPECT_EQ(sweep.front().second, 0);
+  EXPECT_EQ(sweep.back().second, n);
+  EXPECT_GE(DistinctNonDecreasing(sweep), n / 2);
+  auto ref = zero::TrainReference(MakeConfig({0, "none", "none"}, R"({"gradient_clipping": 0.05})"), spec, 1);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  // Per kept shard, the same bytes fewer each way: a line from none kept to all kept.
+  std::vector<std::pair<int, StepResult>> runs;
+  for (const auto& [budget, k] : sweep) {
+    if (!runs.empty() && runs.back().first == k) continue;
+    EngineRun run = RunEngine(World(), ClippedAt(budget), spec);
+    ExpectMatchesReference(run, *ref, 1e-5, kAtol, kRtol, std::to_string(k) + " gradient shards kept");
+    ASSERT_TRUE(run.status.ok() && !run.log.results.empty());
+    EXPECT_EQ(run.resident_chunks, 0);
+    if (k < run.num_chunks) {
+      EXPECT_EQ(run.grad_resident_chunks, k);
+    }
+    EXPECT_LE(run.log.results.back().host_high_water, budget) << k << " kept";
+    runs.emplace_back(k, run.log.results.back());
+  }
+  ASSERT_GE(runs.size(), 3u);
+  const StepResult& none = runs.front().second;
+  const StepResult& all = runs.back().second;
+  ASSERT_GT(none.bytes_nvme_written, all.bytes_nvme_written) << "the shards of the first run went to disk";
+  for (const auto& [k, last] : runs) {
+    EXPECT_EQ((none.bytes_nvme_written - last.bytes_nvme_written) * n,
+              k * (none.bytes_nvme_written - all.bytes_nvme_written))
+        << k << " of " << n << " kept";
+    EXPECT_EQ((none.bytes_nvme_read - last.bytes_nvme_read) * n,
+              k * (none.bytes_nvme_read - all.bytes_nvme_read))
+        << k << " of " << n << " kept";
+  }
+}
+
+TEST(EngineResidency, TheGradientKeyNeedsGradientsOnTheNvmePath) {
+  for (const auto& [combo, extra] :
+       {std::pair<Combo, const char*>{{3, "cpu", "none"}, R"({"strata": {"gradient_resident": 0.5}})"},
+        {{3, "nvme", "none", "host"}, R"({"strata": {"gradient_resident": 0.5}})"}}) {
+    EngineRun run = RunEngine(World(), MakeConfig(combo, extra), SmallSpec(1));
+    ASSERT_EQ(run.status.code(), StatusCode::kInvalidArgument) << ComboName(combo) << run.status.ToString();
+    EXPECT_NE(run.status.message().find("strata.gradient_resident"), std::string::npos)
+        << run.status.message();
+  }
+  for (const char* bad : {R"("most")", "1.5", "-0.5"}) {
+    auto parsed =
+        ParseConfig(nlohmann::json::parse(std::string(R"({"strata": {"gradient_resident": )") + bad + "}}"));
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_NE(parsed.status().message().find("strata.gradient_resident"), std::string::npos)
+        << parsed.status().message();
+  }
+  // A fraction the budget cannot hold is refused naming it.
+  int n = 0;
+  const auto sweep =
+      SweepBudgets(ManyChunks(1), {64 * 1024, 16 * 1024 * 1024, 16 * 1024, ClippedAt, KeptShards}, &n);
+  ASSERT_FALSE(sweep.empty());
+  auto all =
+      PlanOnly(MakeConfig({3, "nvme", "none", "auto", 0, 0, 1, 0, 0, 1.0},
+                          R"({"strata": {"host_budget": )" + std::to_string(sweep.front().first) + "}}"),
+               ManyChunks(1));
+  ASSERT_FALSE(all.ok());
+  EXPECT_EQ(all.status().code(), StatusCode::kOutOfBudget);
+  EXPECT_NE(all.status().message().find("strata.gradient_resident"), std::string::npos)
+      << all.status().message();
+}
+
 TEST(EngineResidency, AFractionTheBudgetCannotHoldIsRefusedNamingTheKey) {
   const zero::TrainSpec spec = ManyChunks(1);
   int n = 0;

@@ -150,5 +150,97 @@ TEST(ResidencyPlan, AnExplicitFractionIsHeldAndTheRoomGoesToSets) {
   EXPECT_EQ(ResidentCount(3, 0.5), 2);  // 1.5 rounds away from zero
 }
 
+// Gradients on the NVMe path: a resident chunk is 300 bytes, 100 of them its gradient
+// shard. Shards that go to disk and back every step may be kept on their own.
+ResidencyInputs WithGrads(const Layout& l, const Trace& t, uint64_t room, bool grads_first) {
+  ResidencyInputs in = Inputs(l, t, room);
+  in.grad_bytes = 100;
+  in.keep_grads = true;
+  in.grads_first = grads_first;
+  return in;
+}
+
+TEST(ResidencyPlan, StateFirstThenGradientShardsThenStagingSets) {
+  const Layout l = Chunks(4);
+  const Trace t = Trace::Assumed(4);
+  // 850: two resident chunks (600) beside their pipeline (one more set, 100); the 250
+  // left keeps the gradient shards of the other two chunks (200) before that set.
+  ResidencyPlan p = PlanResidency(WithGrads(l, t, 850, false));
+  EXPECT_EQ(p.count, 2);
+  EXPECT_EQ(p.resident, (std::vector<uint8_t>{1, 1, 0, 0}));
+  EXPECT_EQ(p.grad_count, 2);
+  EXPECT_EQ(p.grad_resident, (std::vector<uint8_t>{0, 0, 1, 1}));
+  EXPECT_EQ(p.staging_sets, 1);
+  EXPECT_EQ(p.extra_bytes, 800u);
+  // Without keep_grads (they never touch the disk) the room deepens the pipeline.
+  ResidencyInputs off = WithGrads(l, t, 850, false);
+  off.keep_grads = false;
+  p = PlanResidency(off);
+  EXPECT_EQ(p.grad_count, 0);
+  EXPECT_EQ(p.grad_resident, (std::vector<uint8_t>{0, 0, 0, 0}));
+  EXPECT_EQ(p.staging_sets, 2);
+  EXPECT_EQ(p.extra_bytes, 700u);
+}
+
+TEST(ResidencyPlan, WithAccumulationGradientShardsComeBeforeState) {
+  const Layout l = Chunks(4);
+  const Trace t = Trace::Assumed(4);
+  // 700: state first would keep two chunks (as in the test above). Gradients first keep
+  // all four shards (400) and no chunk's state fits beside its pipeline; the 300 left
+  // are the three sets the four chunks on disk want.
+  ResidencyPlan p = PlanResidency(WithGrads(l, t, 700, true));
+  EXPECT_EQ(p.count, 0);
+  EXPECT_EQ(p.grad_count, 4);
+  EXPECT_EQ(p.grad_resident, (std::vector<uint8_t>{1, 1, 1, 1}));
+  EXPECT_EQ(p.staging_sets, 4);
+  EXPECT_EQ(p.extra_bytes, 700u);
+  // 699: the shards still, and two of the three sets.
+  p = PlanResidency(WithGrads(l, t, 699, true));
+  EXPECT_EQ(p.grad_count, 4);
+  EXPECT_EQ(p.staging_sets, 3);
+  EXPECT_EQ(p.extra_bytes, 600u);
+  // 350: three shards; the 50 left buys no set.
+  p = PlanResidency(WithGrads(l, t, 350, true));
+  EXPECT_EQ(p.count, 0);
+  EXPECT_EQ(p.grad_resident, (std::vector<uint8_t>{1, 1, 1, 0}));
+  EXPECT_EQ(p.staging_sets, 1);
+  EXPECT_EQ(p.extra_bytes, 300u);
+  // 1000: all four shards (400), then the state of three chunks (200 each, their shards
+  // already paid): 1000, and the one chunk left on disk wants no set beyond the fixed one.
+  p = PlanResidency(WithGrads(l, t, 1000, true));
+  EXPECT_EQ(p.count, 3);
+  EXPECT_EQ(p.resident, (std::vector<uint8_t>{1, 1, 1, 0}));
+  EXPECT_EQ(p.grad_count, 1);
+  EXPECT_EQ(p.grad_resident, (std::vector<uint8_t>{0, 0, 0, 1}));
+  EXPECT_EQ(p.staging_sets, 1);
+  EXPECT_EQ(p.extra_bytes, 1000u);
+}
+
+TEST(ResidencyPlan, AnExplicitGradientFractionIsPaidAndTheRestIsAuto) {
+  const Layout l = Chunks(4);
+  const Trace t = Trace::Assumed(4);
+  // Half the shards in the fixed needs; the state of a chunk among them costs only its
+  // 200, so 500 holds two chunks (400) and the one more set the other two want.
+  ResidencyInputs in = Inputs(l, t, 500);
+  in.grad_bytes = 100;
+  in.grad_fraction = 0.5;
+  ResidencyPlan p = PlanResidency(in);
+  EXPECT_EQ(p.count, 2);
+  EXPECT_EQ(p.grad_count, 0);
+  EXPECT_EQ(p.staging_sets, 2);
+  EXPECT_EQ(p.extra_bytes, 500u);
+  // With no state resident the fraction's shards are the first along the order.
+  in.fraction = 0;
+  p = PlanResidency(in);
+  EXPECT_EQ(p.count, 0);
+  EXPECT_EQ(p.grad_resident, (std::vector<uint8_t>{1, 1, 0, 0}));
+  EXPECT_EQ(p.staging_sets, 4);
+  EXPECT_EQ(p.extra_bytes, 300u);
+  // Gradients that wait elsewhere (grad_bytes 0) have no shard to keep.
+  in.grad_bytes = 0;
+  p = PlanResidency(in);
+  EXPECT_EQ(p.grad_count, 0);
+}
+
 }  // namespace
 }  // namespace strata::zero
