@@ -8,7 +8,8 @@ under the same budgets, which measures its overlapped and its serial step
 other way too, the planned host and device needs against the
 measured high-water marks, and the planned NVMe bytes against the counted ones.
 
-Usage: bench/plan-accuracy.py [--swap DIR] [--steps N] [--repeat N] [--passes N] [--out DIR] [--png FILE]
+Usage: bench/plan-accuracy.py [--models 20M,100M,gpt] [--swap DIR] [--steps N] [--repeat N] [--passes N]
+                              [--out DIR] [--png FILE] [--from DIR]
 Prints a Markdown table and the summary (median and largest absolute error, the first
 choice against the fastest measured); --out keeps the JSON reports, --png draws predicted
 against measured (needs python3-matplotlib). --repeat N runs each configuration's rounds N
@@ -16,7 +17,9 @@ times (`bench step --repeat`) and compares the median steps: separate processes 
 configuration differ by about 10% on two shared cores, more than the 10% target allows.
 --passes N runs the whole grid N times over, one pass after another, and compares each
 configuration's median over the passes; it also prints how far each pass lies from that
-median, the measurement's own spread beside the plan's error.
+median, the measurement's own spread beside the plan's error. --models picks the models
+(default: the two MLPs). --from DIR reports (and draws) the rows.json an earlier --out kept,
+running nothing.
 """
 
 from __future__ import annotations
@@ -29,11 +32,16 @@ import subprocess
 import sys
 import tempfile
 
-MODELS = [
-    ["--params", "20M", "--depth", "4", "--micro-batch", "32", "--device-budget", "1GiB", "--host-budget", "2GiB"],
-    ["--params", "100M", "--depth", "8", "--micro-batch", "16", "--device-budget", "2GiB",
-     "--host-budget", "3GiB"],
-]
+# name: (the model and its budgets, as flags of both `strata plan` and `strata bench step`).
+MODELS = {
+    "20M": ["--model", "mlp", "--params", "20M", "--depth", "4", "--micro-batch", "32", "--device-budget", "1GiB",
+            "--host-budget", "2GiB"],
+    "100M": ["--model", "mlp", "--params", "100M", "--depth", "8", "--micro-batch", "16", "--device-budget", "2GiB",
+             "--host-budget", "3GiB"],
+    # The GPT of `strata train` (10.7M parameters, vocabulary 256), on the fortunes text.
+    "gpt": ["--model", "gpt", "--n-layer", "6", "--n-head", "6", "--n-embd", "384", "--seq", "128", "--micro-batch",
+            "4", "--device-budget", "256MiB", "--host-budget", "512MiB"],
+}
 
 
 def run_json(cmd: list[str]) -> dict:
@@ -61,30 +69,44 @@ def main() -> int:
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--out", default="")
     ap.add_argument("--png", default="")
+    ap.add_argument("--models", default="20M,100M")
+    ap.add_argument("--from", dest="from_dir", default="")
     a = ap.parse_args()
+    if a.from_dir:
+        rows = json.load(open(os.path.join(a.from_dir, "rows.json")))
+        report(rows)
+        if a.png:
+            draw(rows, a.png)
+        return 0
+    names = a.models.split(",")
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        print(f"plan-accuracy: unknown model {unknown[0]!r}; the models are {', '.join(MODELS)}", file=sys.stderr)
+        return 2
+    models = [(n, MODELS[n]) for n in names]
     out = a.out or tempfile.mkdtemp()
     os.makedirs(out, exist_ok=True)
     plans = []
-    for mi, model in enumerate(MODELS):
+    for mi, (_, model) in enumerate(models):
         profile = os.path.join(out, f"profile{mi}.json")
-        plan = run_json([a.strata, "plan", "--model", "mlp", *model, "--nvme-path", a.swap, "--json", "--save-profile", profile])
+        plan = run_json([a.strata, "plan", *model, "--nvme-path", a.swap, "--json", "--save-profile", profile])
         json.dump(plan, open(os.path.join(out, f"plan{mi}.json"), "w"), indent=1)
         plans.append([c for c in plan["candidates"] if c["fits"]])
     # Pass after pass over the whole grid: a slow spell of the shared machine then lands
     # in one pass of a configuration, not in all of its runs.
     runs = {}
     for p in range(a.passes):
-        for mi, model in enumerate(MODELS):
+        for mi, (name, model) in enumerate(models):
             for ci, c in enumerate(plans[mi]):
                 cmd = [a.strata, "bench", "step", *model, *flags_of(c), "--nvme-path", a.swap,
                        "--steps", str(a.steps), "--repeat", str(a.repeat), "--no-probes", "--json"]
                 r = run_json(cmd)
                 json.dump(r, open(os.path.join(out, f"run{mi}-{ci}-p{p}.json"), "w"), indent=1)
                 runs.setdefault((mi, ci), []).append(median_runs(r["rounds"] if "rounds" in r else [r]))
-                print(f"pass {p + 1}: {model[1]} {c['name']}: {runs[(mi, ci)][-1][0]['step_s']*1e3:.0f} / "
+                print(f"pass {p + 1}: {name} {c['name']}: {runs[(mi, ci)][-1][0]['step_s']*1e3:.0f} / "
                       f"{runs[(mi, ci)][-1][1]['step_s']*1e3:.0f} ms (overlap on / off)", file=sys.stderr, flush=True)
     rows = []
-    for mi, model in enumerate(MODELS):
+    for mi, (name, model) in enumerate(models):
         for ci, c in enumerate(plans[mi]):
             passes = runs[(mi, ci)]
             run, serial = passes[0]
@@ -95,7 +117,7 @@ def main() -> int:
             on = c["overlap"]  # the plan's choice; bench step measures both ways
             chosen = run if on else serial  # its own engine, whose plan is the one predicted
             rows.append({
-                "model": model[1], "name": c["name"], "rank": ci + 1, "overlap": on,
+                "model": name, "name": c["name"], "rank": ci + 1, "overlap": on,
                 "pred": c["predicted_step_s"], "meas": run["step_s"] if on else serial["step_s"],
                 "meas_passes": [x[0 if on else 1]["step_s"] for x in passes],
                 "pred_other": t["serial_s"] if on else t["overlapped_s"],

@@ -71,15 +71,20 @@ LaneWork PredictTraffic(const Config& c, int world_size, const EngineLayoutInfo&
     const double on_disk = chunks - l.optimizer_resident_chunks;
     w.nvme_read_bytes += on_disk * PieceBytesPerChunk(l, opt);
     w.nvme_write_bytes += on_disk * PieceBytesPerChunk(l, opt);
-    if (l.gradients_on_nvme && (a > 1 || l.gradient_pieces_on_nvme)) {
-      // Each micro-batch's gradients are written, read back by the next one's to add to,
-      // and by the step; with one micro-batch they go straight to the step, unless they
-      // go to NVMe in pieces (no pinned shard holds them). A resident chunk's gradients,
-      // and those kept on their own, wait in host memory.
-      const double slot = l.gradient_pieces_on_nvme ? PieceBytesPerChunk(l, opt, 4) : Align4K(opt * 4);
+    if (l.gradients_on_nvme) {
+      // Each micro-batch's shard but the last is written and read back by the next one's
+      // to add to. The last goes to a speculative step from its pinned buffer, and is
+      // written only where that step may be redone (clipping); a serial step writes it
+      // and reads it back (c.strata.overlap: with "auto", the mode it starts in). In
+      // pieces (no pinned shard holds one) every micro-batch's goes out and back. A
+      // resident chunk's shard, and one kept on its own, waits in host memory.
+      const bool pieces = l.gradient_pieces_on_nvme, overlap = c.strata.overlap;
+      const double writes = pieces ? a : a - 1 + (overlap && c.gradient_clipping <= 0 ? 0 : 1);
+      const double reads = pieces ? a : a - 1 + (overlap ? 0 : 1);
+      const double slot = pieces ? PieceBytesPerChunk(l, opt, 4) : Align4K(opt * 4);
       const double grads_on_disk = on_disk - l.gradient_resident_chunks;
-      w.nvme_write_bytes += a * grads_on_disk * slot;
-      w.nvme_read_bytes += a * grads_on_disk * slot;
+      w.nvme_write_bytes += writes * grads_on_disk * slot;
+      w.nvme_read_bytes += reads * grads_on_disk * slot;
     }
   }
   if (par_dev == OffloadDevice::kNvme) {

@@ -26,6 +26,7 @@ struct Combo {
   const char* param;
   int accumulation = 1;
   double grad_resident = -1;  // strata.gradient_resident (nvme optimizer), -1: auto
+  bool overlap = true;        // strata.overlap, fixed: gradients on NVMe move by it
 };
 
 std::string Swap() {
@@ -43,7 +44,7 @@ std::string Swap() {
 Config MakeConfig(const Combo& k) {
   nlohmann::json j = {{"zero_optimization", {{"stage", k.stage}}},
                       {"gradient_accumulation_steps", k.accumulation},
-                      {"strata", {{"device", "sim"}, {"chunk_size", "16KiB"}}}};
+                      {"strata", {{"device", "sim"}, {"chunk_size", "16KiB"}, {"overlap", k.overlap}}}};
   for (auto [key, dev] : {std::pair{"offload_optimizer", k.opt}, {"offload_param", k.param}}) {
     if (std::string(dev) != "none") j["zero_optimization"][key] = {{"device", dev}, {"nvme_path", Swap()}};
   }
@@ -97,11 +98,13 @@ INSTANTIATE_TEST_SUITE_P(Combos, TrafficMpiTest,
                          ::testing::Values(Combo{0, "none", "none"}, Combo{1, "cpu", "none", 2},
                                            Combo{2, "none", "none"}, Combo{3, "none", "none"},
                                            Combo{3, "cpu", "cpu", 2}, Combo{3, "cpu", "nvme"},
-                                           Combo{3, "nvme", "none", 2}, Combo{3, "nvme", "none", 2, 0.5}),
+                                           Combo{3, "nvme", "none", 2}, Combo{3, "nvme", "none", 2, 0.5},
+                                           Combo{3, "nvme", "none", 2, 0.5, false}),
                          [](const ::testing::TestParamInfo<Combo>& i) {
                            return "stage" + std::to_string(i.param.stage) + "_" + i.param.opt + "_" +
                                   i.param.param + "_accum" + std::to_string(i.param.accumulation) +
-                                  (i.param.grad_resident >= 0 ? "_grads_kept_half" : "");
+                                  (i.param.grad_resident >= 0 ? "_grads_kept_half" : "") +
+                                  (i.param.overlap ? "" : "_serial");
                          });
 
 }  // namespace
