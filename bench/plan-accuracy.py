@@ -40,7 +40,7 @@ MODELS = {
              "--host-budget", "3GiB"],
     # The GPT of `strata train` (10.7M parameters, vocabulary 256), on the fortunes text.
     "gpt": ["--model", "gpt", "--n-layer", "6", "--n-head", "6", "--n-embd", "384", "--seq", "128", "--micro-batch",
-            "4", "--device-budget", "256MiB", "--host-budget", "512MiB"],
+            "4", "--device-budget", "192MiB", "--host-budget", "256MiB"],
 }
 
 
