@@ -12,7 +12,9 @@
 //
 // Accumulation over micro-batches reads the shard back, adds, and writes it again on
 // the comm worker, in submission order; every reduction of a chunk after its first in
-// the window costs one read and one write per shard.
+// the window costs one read and one write per shard. The writes before the last
+// micro-batch's go behind (grad_writes): the backward goes on while they land, and the
+// next micro-batch's read of the slot waits for its write.
 #include <algorithm>
 #include <chrono>
 
@@ -66,11 +68,24 @@ Status Engine::Impl::AccumulateToHost(float* dst, const float* part, int64_t cou
   return OkStatus();
 }
 
+Result<float*> Engine::Impl::TakeGradBuffer() {
+  grad_writes.Reclaim();
+  if (void* p = grad_host.TryTake()) return static_cast<float*>(p);
+  if (!grad_writes.empty()) {
+    STRATA_ASSIGN_OR_RETURN(void* p, grad_writes.ReuseOldest());
+    return static_cast<float*>(p);
+  }
+  return static_cast<float*>(grad_host.Take());  // a speculative step gives one back
+}
+
 Status Engine::Impl::AccumulateGradOnNvme(int chunk, const float* part, bool first_in_window,
                                           bool last_micro_batch) {
   OptChunk& o = opt[chunk];
   const uint64_t bytes = opt_elems * 4;
-  auto* buf = static_cast<float*>(grad_host.Take());
+  const std::string of_chunk = "the gradient shard of chunk " + std::to_string(chunk);
+  // The previous micro-batch's write of this slot lands before it is read or written again.
+  STRATA_RETURN_IF_ERROR(grad_writes.WaitSlot(o.grad_slot).WithContext(of_chunk));
+  STRATA_ASSIGN_OR_RETURN(float* buf, TakeGradBuffer());
   Status st;
   if (first_in_window) {
     st = CopyToHost(buf, part, bytes);
@@ -115,16 +130,21 @@ Status Engine::Impl::AccumulateGradOnNvme(int chunk, const float* part, bool fir
   auto wr = grad_store->Write(o.grad_slot, buf, grad_slot_bytes);
   if (!wr.ok()) {
     grad_host.Give(buf);
-    return wr.status().WithContext("writing the gradient shard of chunk " + std::to_string(chunk) +
-                                   " to NVMe");
+    return wr.status().WithContext("writing " + of_chunk + " to NVMe");
   }
   bytes_nvme_written += grad_slot_bytes;
   o.grad_on_disk = true;
+  if (!last_micro_batch) {
+    // The next micro-batch reads it back (WaitSlot above); the backward goes on meanwhile.
+    grad_writes.Push(
+        zero::WriteBehind::Write{*wr, buf, o.grad_slot, -1, -1, "writing a gradient shard to NVMe"});
+    return OkStatus();
+  }
   IoHandle write = *wr;
-  auto finish = [this, write, buf, chunk]() mutable {
+  auto finish = [this, write, buf, of_chunk]() mutable {
     Status s = write.Wait();
     grad_host.Give(buf);
-    return s.WithContext("writing the gradient shard of chunk " + std::to_string(chunk) + " to NVMe");
+    return s.WithContext("writing " + of_chunk + " to NVMe");
   };
   if (speculate) {
     // The speculative step reads the pinned copy while it is written, and hands the

@@ -335,6 +335,9 @@ struct Engine::Impl {
   float* host_recv = nullptr;       // host staging of a reduced gradient, recv_staging_elems long
   uint64_t recv_staging_elems = 0;  // the plan's
   Pool grad_host;                   // grad_tier nvme: pinned shards on their way to disk
+  // Accumulation's writes of gradient shards that the next micro-batch reads back: no one
+  // waits for them when they are issued (comm worker; drained by WaitNvmeWrites).
+  zero::WriteBehind grad_writes{&grad_host};
   int grad_host_count = 0;
 
   // --- checkpoints (engine_checkpoint.cc) ---
@@ -458,6 +461,9 @@ struct Engine::Impl {
   // Adds this rank's reduced part (device memory) into the chunk's shard on NVMe; after
   // the last micro-batch, records its stats and starts its speculative step.
   Status AccumulateGradOnNvme(int chunk, const float* part, bool first_in_window, bool last_micro_batch);
+  // A grad_host buffer for the comm worker: one its finished writes gave back, or the
+  // oldest write's once it is on disk, before waiting for another thread's Give.
+  Result<float*> TakeGradBuffer();
   // The same a piece at a time through grad_pieces (stream_grads).
   Status AccumulateGradPieces(int chunk, const float* part, bool first_in_window, bool last_micro_batch);
   Status OpenGradPieces(NvmeStoreOptions so);

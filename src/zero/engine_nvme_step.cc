@@ -122,6 +122,8 @@ Status Engine::Impl::WaitNvmeWrites(bool report) {
   if (first.ok()) first = params;
   Status grads = grad_pieces ? grad_pieces->Drain(report) : OkStatus();
   if (first.ok()) first = grads;
+  grads = grad_writes.Drain(report);
+  if (first.ok()) first = grads;
   Status params16 = param_pieces ? param_pieces->Drain(report) : OkStatus();
   return first.ok() ? params16 : first;
 }

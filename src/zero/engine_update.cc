@@ -72,7 +72,10 @@ void Engine::Impl::TuneOverlap(StepResult& r) {
 
 Status Engine::Impl::FinishReductions() {
   if (in_micro_batch) STRATA_RETURN_IF_ERROR(EndMicroBatch());
-  return reducer->Wait();
+  STRATA_RETURN_IF_ERROR(reducer->Wait());
+  // Each gradient shard written behind was read back by a later micro-batch: what is
+  // left are their buffers (with the comm worker idle, this thread may take them).
+  return grad_writes.Drain(/*report=*/true);
 }
 
 Status Engine::Impl::WaitSpeculation() {

@@ -197,6 +197,32 @@ TEST(EngineFault, FailedNvmeWritesFailTheStepAndLoseNothing) {
   std::printf("failures reported by a hook: %d; whole-step checks: %d\n", hook_failures, whole_checked);
 }
 
+// With accumulation the gradient shards on NVMe are written behind the backward and read
+// back by the next micro-batch: a failed write there fails the step (the read waits for
+// it), names the write, hangs nothing, and leaves the committed master as it was.
+TEST(EngineFault, FailedGradientWritesBehindTheBackwardFailTheStep) {
+  zero::TrainSpec spec = SmallSpec(3);
+  const Combo c{3, "nvme", "none", "nvme"};
+  for (const char* extra : {R"({"gradient_accumulation_steps": 2})",
+                            R"({"gradient_accumulation_steps": 3, "strata": {"overlap": false}})"}) {
+    const Config config = MakeConfig(c, extra);
+    EngineRun clean = RunEngine(World(), config, spec);
+    ASSERT_TRUE(clean.status.ok()) << clean.status.ToString();
+    for (int64_t skip : {0, 1, 2}) {
+      const std::string what = ComboName(c) + " " + extra + ", writes failing after " + std::to_string(skip);
+      FaultyRun r = TrainThenFailOrExit(what, config, spec, IoOp::kWrite, skip);
+      ASSERT_TRUE(r.trained.ok()) << what << ": " << r.trained.ToString();
+      ASSERT_FALSE(r.failed.ok()) << what << ": writes failed and nothing said so";
+      EXPECT_EQ(r.failed.code(), StatusCode::kIoError) << what << ": " << r.failed.ToString();
+      EXPECT_NE(r.failed.ToString().find("writing"), std::string::npos)
+          << what << ": " << r.failed.ToString();
+      EXPECT_TRUE(r.step_failed) << what << ": " << r.after.ToString();
+      ASSERT_TRUE(r.gathered.ok()) << what << ": " << r.gathered.ToString();
+      EXPECT_TRUE(r.params == clean.params) << what << ": the failed step changed the committed parameters";
+    }
+  }
+}
+
 // Parameter shards read from NVMe fail in the forward's gathers: always a hook's error
 // (Fetch), not Step()'s. Before, the engine went on taking calls, and a Step()
 // after a failed hook could apply an incomplete window's gradients.
