@@ -104,6 +104,11 @@ struct StrataConfig {
   // (zero/overlap_tuner.h); `overlap` is then the mode it starts in. true or false: fixed.
   bool overlap = true;
   bool overlap_auto = true;
+  // Threads of the CPU optimizer's speculative steps, which run beside the backward: a
+  // number (at most this machine's cores), or 0 ("auto"): every core when the device
+  // computes (cuda), one on the sim device, whose backward runs on the cores. The steps
+  // after the backward (and every step with overlap off) use every core.
+  int optimizer_threads = 0;
   // Where the fp32 gradient shards wait for the step when the optimizer state is on
   // NVMe: "host", "nvme", or "auto" (NVMe when overlap is on and clipping off, since
   // they never reach the disk then; else pinned host memory if the host budget holds

@@ -196,6 +196,8 @@ struct EngineLayoutInfo {
   // state and gradient shard stay on the device (the (1 - ratio) share, rounded to the
   // nearest chunk), chosen as those the backward finishes last.
   int optimizer_device_chunks = 0;
+  // Threads of the CPU optimizer's speculative steps (strata.optimizer_threads resolved).
+  int optimizer_threads = 1;
   // Stage 3 with offload_param nvme: chunks whose parameter shard stays in pinned
   // host memory instead (strata.param_resident; by default as many as the host budget
   // holds after everything else), chosen as those the forward needs first. Their gathers

@@ -166,13 +166,20 @@ void PrintConfigSummary(const Config& c, const Origins& origin, const EngineLayo
               Origin(origin, "train_micro_batch_size_per_gpu").c_str(), c.gradient_accumulation_steps,
               Origin(origin, "gradient_accumulation_steps").c_str(), world_size, world_size == 1 ? "" : "s",
               c.train_batch_size);
-  std::printf("  optimizer: %s, lr %g%s, weight decay %g; gradient clipping: %s; overlap with backward: %s\n",
-              c.optimizer.type == OptimizerType::kAdamW ? "AdamW" : "Adam", c.optimizer.lr,
-              Origin(origin, "optimizer.params.lr").c_str(), c.optimizer.weight_decay,
-              c.gradient_clipping > 0 ? FormatDouble("max norm %g", c.gradient_clipping).c_str() : "off",
-              c.strata.overlap_auto ? "auto (steps 2-5 alternate, the faster is kept)"
-              : c.strata.overlap    ? "on"
-                                    : "off");
+  const std::string threads = c.zero.offload_optimizer.device == OffloadDevice::kNone
+                                  ? std::string()
+                                  : FormatDouble(" (the CPU optimizer on %.0f", l.optimizer_threads) +
+                                        (l.optimizer_threads == 1 ? " thread" : " threads") +
+                                        Origin(origin, "strata.optimizer_threads") + ")";
+  std::printf(
+      "  optimizer: %s, lr %g%s, weight decay %g; gradient clipping: %s; overlap with backward: %s%s\n",
+      c.optimizer.type == OptimizerType::kAdamW ? "AdamW" : "Adam", c.optimizer.lr,
+      Origin(origin, "optimizer.params.lr").c_str(), c.optimizer.weight_decay,
+      c.gradient_clipping > 0 ? FormatDouble("max norm %g", c.gradient_clipping).c_str() : "off",
+      c.strata.overlap_auto ? "auto (steps 2-5 alternate, the faster is kept)"
+      : c.strata.overlap    ? "on"
+                            : "off",
+      threads.c_str());
   if (c.scheduler.type != LrScheduleType::kConstant) {
     const LrSchedule& l = c.scheduler;
     std::printf(

@@ -216,6 +216,14 @@ Status ReadStrata(JsonReader& r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Bool("checksum", &s->checksum));
   STRATA_RETURN_IF_ERROR(r.BoolOrAuto("overlap", &s->overlap, &s->overlap_auto));
   if (s->overlap_auto) s->overlap = true;
+  double threads = s->optimizer_threads > 0 ? s->optimizer_threads : -1;
+  STRATA_RETURN_IF_ERROR(r.DoubleOrAuto("optimizer_threads", 1, 4096, &threads));
+  if (threads >= 0 && threads != std::floor(threads)) {
+    return InvalidArgumentError(r.Path("optimizer_threads") +
+                                ": expected a whole number of threads or \"auto\", got " +
+                                std::to_string(threads));
+  }
+  s->optimizer_threads = threads < 0 ? 0 : static_cast<int>(threads);
   STRATA_RETURN_IF_ERROR(r.Enum("gradients", {"auto", "host", "nvme"}, &s->gradients));
   STRATA_RETURN_IF_ERROR(r.Enum("plan", {"off", "auto"}, &s->plan));
   STRATA_RETURN_IF_ERROR(r.DoubleOrAuto("optimizer_resident", 0, 1, &s->optimizer_resident));
@@ -407,6 +415,8 @@ nlohmann::json ConfigToJson(const Config& c) {
       {"io_sqpoll", s.io_sqpoll},
       {"checksum", s.checksum},
       {"overlap", s.overlap_auto ? nlohmann::json("auto") : nlohmann::json(s.overlap)},
+      {"optimizer_threads",
+       s.optimizer_threads > 0 ? nlohmann::json(s.optimizer_threads) : nlohmann::json("auto")},
       {"gradients", s.gradients},
       {"plan", s.plan},
       {"optimizer_resident",

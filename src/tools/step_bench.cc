@@ -168,7 +168,8 @@ std::string RunText(const Config& c, const StepBenchOptions& o, int world_size, 
                                                : "; the sim device's memory is in the RSS") +
          ")\n";
   out += "  speculative steps    " + std::to_string(main.last.speculative_steps) + " chunks, redone " +
-         std::to_string(main.last.redone_steps) + "\n";
+         std::to_string(main.last.redone_steps) + "; " + std::to_string(main.layout.optimizer_threads) +
+         (main.layout.optimizer_threads == 1 ? " thread" : " threads") + " beside the backward\n";
   if (main.last.prefetch_modules > 0) {
     out += "  prefetch depth       " + std::to_string(main.last.prefetch_modules) +
            " modules (measured: last step's gather latency over module compute)\n";
@@ -240,6 +241,7 @@ nlohmann::json HeaderJson(const Config& c, const StepBenchOptions& o, int world_
                 {"kept_chunks", main.layout.kept_chunks},
                 {"optimizer_resident_chunks", main.layout.optimizer_resident_chunks},
                 {"gradient_resident_chunks", main.layout.gradient_resident_chunks},
+                {"optimizer_threads", main.layout.optimizer_threads},
                 {"optimizer_device_chunks", main.layout.optimizer_device_chunks},
                 {"param_resident_chunks", main.layout.param_resident_chunks},
                 {"param_device_chunks", main.layout.param_device_chunks},

@@ -1,5 +1,7 @@
 // Engine creation: layout, the memory plan per tier (checked against the budgets
 // before anything is allocated), allocation and parameter initialisation.
+#include <oneapi/tbb/info.h>
+
 #include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -85,6 +87,21 @@ Result<Communicator*> ChooseDeviceComm(const EngineResources& res) {
 }
 
 // The offload keys against each other and the stage: InvalidArgument naming the key.
+// strata.optimizer_threads resolved on this machine; InvalidArgument above its cores.
+Result<int> SpeculationThreads(const Config& config, const Device& device) {
+  const int cores = tbb::info::default_concurrency();
+  const int asked = config.strata.optimizer_threads;
+  if (asked > cores) {
+    return InvalidArgumentError("strata.optimizer_threads: " + std::to_string(asked) +
+                                " threads, but this process has " + std::to_string(cores) +
+                                " cores; give at most " + std::to_string(cores) + " or \"auto\"");
+  }
+  // The sim device's backward runs on the cores: one is the optimizer's, the rest the
+  // model's. A GPU leaves the cores to the optimizer.
+  if (asked == 0) return device.kind() == DeviceKind::kCuda ? cores : 1;
+  return asked;
+}
+
 Status CheckOffloadKeys(const Config& config) {
   const int stage = config.zero.stage;
   const ZeroTier opt_tier = TierOf(config.zero.offload_optimizer.device);
@@ -248,6 +265,9 @@ Result<std::unique_ptr<Engine::Impl>> Engine::Impl::Make(const Config& config, M
   s.param_tier = TierOf(config.zero.offload_param.device);
   s.grad_tier = s.opt_tier == ZeroTier::kDevice ? ZeroTier::kDevice : ZeroTier::kHost;
   STRATA_RETURN_IF_ERROR(CheckOffloadKeys(config));
+  STRATA_ASSIGN_OR_RETURN(const int spec_threads, SpeculationThreads(config, *s.device));
+  s.speculation_arena.emplace(spec_threads);
+  s.info.optimizer_threads = spec_threads;
   s.compute = config.bf16 ? DType::kBf16 : (config.fp16.enabled ? DType::kFp16 : DType::kF32);
   s.csize = DTypeSize(s.compute);
   s.adam = zero::AdamFromConfig(config);

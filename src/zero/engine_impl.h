@@ -352,10 +352,10 @@ struct Engine::Impl {
   zero::SerialWorker comm_worker{"comm"};
   zero::SerialWorker fetch_worker{"fetch"};
   zero::SerialWorker opt_worker{"optimizer"};
-  // Speculative steps run in an arena of their own, on the optimizer thread alone: in the
-  // shared arena their tasks would queue behind the model's backward, which keeps every
-  // oneTBB worker busy, and would start only when backward ends.
-  tbb::task_arena speculation_arena{1};
+  // Speculative steps run in an arena of their own: in the shared arena their tasks would
+  // queue behind the model's backward, which keeps every oneTBB worker busy, and would
+  // start only when backward ends. Its size is strata.optimizer_threads (SpeculationThreads).
+  std::optional<tbb::task_arena> speculation_arena;
   std::deque<std::shared_future<Status>> fetches;
 
   // --- per-step state ---

@@ -77,7 +77,7 @@ zero::OptimizerStep Engine::Impl::StepArgs(int chunk, float grad_scale, bool spe
   a.next_chunk = next_chunk;
   a.overlap = overlap;
   a.epoch = step_epoch;
-  a.arena = speculative ? &speculation_arena : nullptr;
+  a.arena = speculative ? &*speculation_arena : nullptr;
   return a;
 }
 
@@ -132,8 +132,8 @@ void Engine::Impl::MaybeSpeculate(int chunk, const float* grad, std::function<St
       if (grad == nullptr && GradTierOf(chunk) != ZeroTier::kNvme) {
         const auto check_start = std::chrono::steady_clock::now();
         const GradShard shard{GradView{opt[chunk].grad, DType::kF32}, static_cast<size_t>(opt_elems)};
-        auto stats =
-            OpsOn(GradTierOf(chunk)).ComputeStats(zero::OpsLane::kOptimizer, {&shard, 1}, &speculation_arena);
+        auto stats = OpsOn(GradTierOf(chunk))
+                         .ComputeStats(zero::OpsLane::kOptimizer, {&shard, 1}, &*speculation_arena);
         Span(track_optimizer, "grad check (speculative) chunk " + std::to_string(chunk), check_start);
         if (!stats.ok()) return stats.status();
         if (stats->has_inf_nan) return OkStatus();  // this step will be skipped anyway

@@ -1,5 +1,7 @@
 // The engine at world size 1 (no mpirun): every combination against the reference,
 // overlap, accumulation, clipping, fp16 overflow, bf16, budgets and bad configurations.
+#include <oneapi/tbb/info.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -53,6 +55,57 @@ TEST(Engine, DeviceCommunicatorMustBeADeviceOne) {
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   EXPECT_EQ((*engine)->model_backend(), model::Backend::kCpu);
   EXPECT_EQ((*engine)->model_stream(), nullptr);
+}
+
+// strata.optimizer_threads: the speculative CPU Adam's threads change when it runs, not
+// what it computes (each element's update is its own).
+TEST(Engine, SpeculativeStepsOnMoreThreadsComputeTheSame) {
+  if (tbb::info::default_concurrency() < 2)
+    GTEST_SKIP() << "one core: no second thread to give the optimizer";
+  const zero::TrainSpec spec = SmallSpec(6);
+  for (const Combo& c : {Combo{2, "cpu", "none"}, Combo{3, "cpu", "cpu"}, Combo{3, "nvme", "nvme"}}) {
+    EngineRun one =
+        RunEngine(World(), MakeConfig(c, R"({"strata": {"overlap": true, "optimizer_threads": 1}})"), spec);
+    EngineRun two =
+        RunEngine(World(), MakeConfig(c, R"({"strata": {"overlap": true, "optimizer_threads": 2}})"), spec);
+    ASSERT_TRUE(one.status.ok()) << one.status.ToString();
+    ASSERT_TRUE(two.status.ok()) << two.status.ToString();
+    EXPECT_TRUE(BitIdentical(one, two)) << ComboName(c);
+  }
+}
+
+TEST(Engine, OptimizerThreadsAreAutoOrAtMostTheCores) {
+  const zero::TrainSpec spec = SmallSpec(1);
+  const int cores = tbb::info::default_concurrency();
+  // Auto: one beside a backward that runs on the cores (sim), every core beside a GPU's.
+  auto sim = PlanOnly(MakeConfig({2, "cpu", "none"}), spec);
+  ASSERT_TRUE(sim.ok()) << sim.status().ToString();
+  EXPECT_EQ(sim->optimizer_threads, 1);
+  FakeGpu gpu;
+  auto on_gpu = Engine::Plan(MakeConfig({2, "cpu", "none"}), model::MlpModules(spec.model),
+                             EngineResources{&World(), &gpu});
+  ASSERT_TRUE(on_gpu.ok()) << on_gpu.status().ToString();
+  EXPECT_EQ(on_gpu->optimizer_threads, cores);
+  auto given = PlanOnly(MakeConfig({2, "cpu", "none"}, R"({"strata": {"optimizer_threads": 1}})"), spec);
+  ASSERT_TRUE(given.ok()) << given.status().ToString();
+  EXPECT_EQ(given->optimizer_threads, 1);
+  // More than the cores is refused, naming the key and the cores.
+  EngineRun over = RunEngine(World(),
+                             MakeConfig({2, "cpu", "none"}, R"({"strata": {"optimizer_threads": )" +
+                                                                std::to_string(cores + 1) + "}}"),
+                             spec);
+  ASSERT_EQ(over.status.code(), StatusCode::kInvalidArgument) << over.status.ToString();
+  EXPECT_NE(over.status.message().find("strata.optimizer_threads"), std::string::npos)
+      << over.status.message();
+  EXPECT_NE(over.status.message().find(std::to_string(cores) + " cores"), std::string::npos)
+      << over.status.message();
+  for (const char* bad : {"0", "1.5", R"("many")", "-1"}) {
+    auto parsed =
+        ParseConfig(nlohmann::json::parse(std::string(R"({"strata": {"optimizer_threads": )") + bad + "}}"));
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_NE(parsed.status().message().find("strata.optimizer_threads"), std::string::npos)
+        << parsed.status().message();
+  }
 }
 
 TEST(Engine, DeviceBudgetTooSmallIsRefusedAtStart) {
