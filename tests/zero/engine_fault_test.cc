@@ -198,9 +198,10 @@ TEST(EngineFault, FailedNvmeWritesFailTheStepAndLoseNothing) {
 }
 
 // With accumulation the gradient shards on NVMe are written behind the backward and read
-// back by the next micro-batch: a failed write there fails the step (the read waits for
-// it), names the write, hangs nothing, and leaves the committed master as it was.
-TEST(EngineFault, FailedGradientWritesBehindTheBackwardFailTheStep) {
+// back by the next micro-batch: a failed write or read there fails the step
+// (the read waits for the write), names what failed, hangs nothing, and leaves the
+// committed master as it was.
+TEST(EngineFault, FailedGradientIoAroundTheBackwardFailsTheStep) {
   zero::TrainSpec spec = SmallSpec(3);
   const Combo c{3, "nvme", "none", "nvme"};
   for (const char* extra : {R"({"gradient_accumulation_steps": 2})",
@@ -208,17 +209,20 @@ TEST(EngineFault, FailedGradientWritesBehindTheBackwardFailTheStep) {
     const Config config = MakeConfig(c, extra);
     EngineRun clean = RunEngine(World(), config, spec);
     ASSERT_TRUE(clean.status.ok()) << clean.status.ToString();
-    for (int64_t skip : {0, 1, 2}) {
-      const std::string what = ComboName(c) + " " + extra + ", writes failing after " + std::to_string(skip);
-      FaultyRun r = TrainThenFailOrExit(what, config, spec, IoOp::kWrite, skip);
-      ASSERT_TRUE(r.trained.ok()) << what << ": " << r.trained.ToString();
-      ASSERT_FALSE(r.failed.ok()) << what << ": writes failed and nothing said so";
-      EXPECT_EQ(r.failed.code(), StatusCode::kIoError) << what << ": " << r.failed.ToString();
-      EXPECT_NE(r.failed.ToString().find("writing"), std::string::npos)
-          << what << ": " << r.failed.ToString();
-      EXPECT_TRUE(r.step_failed) << what << ": " << r.after.ToString();
-      ASSERT_TRUE(r.gathered.ok()) << what << ": " << r.gathered.ToString();
-      EXPECT_TRUE(r.params == clean.params) << what << ": the failed step changed the committed parameters";
+    for (auto [op, verb] : {std::pair{IoOp::kWrite, "writ"}, std::pair{IoOp::kRead, "read"}}) {
+      for (int64_t skip : {0, 1, 2}) {
+        const std::string what =
+            ComboName(c) + " " + extra + ", " + verb + "es failing after " + std::to_string(skip);
+        // One read fails (the master is read back after it); every write does.
+        FaultyRun r = TrainThenFailOrExit(what, config, spec, op, skip, op == IoOp::kRead ? 1 : INT64_MAX);
+        ASSERT_TRUE(r.trained.ok()) << what << ": " << r.trained.ToString();
+        ASSERT_FALSE(r.failed.ok()) << what << ": I/O failed and nothing said so";
+        EXPECT_EQ(r.failed.code(), StatusCode::kIoError) << what << ": " << r.failed.ToString();
+        EXPECT_NE(r.failed.ToString().find(verb), std::string::npos) << what << ": " << r.failed.ToString();
+        EXPECT_TRUE(r.step_failed) << what << ": " << r.after.ToString();
+        ASSERT_TRUE(r.gathered.ok()) << what << ": " << r.gathered.ToString();
+        EXPECT_TRUE(r.params == clean.params) << what << ": the failed step changed the committed parameters";
+      }
     }
   }
 }
