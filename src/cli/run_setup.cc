@@ -166,11 +166,12 @@ void PrintConfigSummary(const Config& c, const Origins& origin, const EngineLayo
               Origin(origin, "train_micro_batch_size_per_gpu").c_str(), c.gradient_accumulation_steps,
               Origin(origin, "gradient_accumulation_steps").c_str(), world_size, world_size == 1 ? "" : "s",
               c.train_batch_size);
-  const std::string threads = c.zero.offload_optimizer.device == OffloadDevice::kNone
-                                  ? std::string()
-                                  : FormatDouble(" (the CPU optimizer on %.0f", l.optimizer_threads) +
-                                        (l.optimizer_threads == 1 ? " thread" : " threads") +
-                                        Origin(origin, "strata.optimizer_threads") + ")";
+  const std::string threads =
+      c.zero.offload_optimizer.device == OffloadDevice::kNone
+          ? std::string()
+          : FormatDouble(" (the CPU optimizer's steps beside it on %.0f", l.optimizer_threads) +
+                (l.optimizer_threads == 1 ? " thread" : " threads") +
+                Origin(origin, "strata.optimizer_threads") + ")";
   std::printf(
       "  optimizer: %s, lr %g%s, weight decay %g; gradient clipping: %s; overlap with backward: %s%s\n",
       c.optimizer.type == OptimizerType::kAdamW ? "AdamW" : "Adam", c.optimizer.lr,
