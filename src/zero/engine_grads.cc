@@ -70,12 +70,8 @@ Status Engine::Impl::AccumulateToHost(float* dst, const float* part, int64_t cou
 
 Result<float*> Engine::Impl::TakeGradBuffer() {
   grad_writes.Reclaim();
-  if (void* p = grad_host.TryTake()) return static_cast<float*>(p);
-  if (!grad_writes.empty()) {
-    STRATA_ASSIGN_OR_RETURN(void* p, grad_writes.ReuseOldest());
-    return static_cast<float*>(p);
-  }
-  return static_cast<float*>(grad_host.Take());  // a speculative step gives one back
+  STRATA_ASSIGN_OR_RETURN(void* p, grad_writes.TakeFreeOrOldest());
+  return static_cast<float*>(p != nullptr ? p : grad_host.Take());  // a speculative step gives one back
 }
 
 Status Engine::Impl::AccumulateGradOnNvme(int chunk, const float* part, bool first_in_window,

@@ -100,11 +100,8 @@ void NvmeOptimizer::RollBack(int64_t epoch) {
 }
 
 Result<float*> NvmeOptimizer::TakeSet() {
-  if (void* p = staging_.TryTake()) return static_cast<float*>(p);
-  if (!writes_.empty()) {
-    STRATA_ASSIGN_OR_RETURN(void* p, writes_.ReuseOldest());
-    return static_cast<float*>(p);
-  }
+  STRATA_ASSIGN_OR_RETURN(void* p, writes_.TakeFreeOrOldest());
+  if (p != nullptr) return static_cast<float*>(p);
   // Every set is in a read ahead, which only this thread consumes: a bug, not a wait.
   return InternalError("engine: no NVMe staging set is free and none is being written (" +
                        std::to_string(reads_.size()) + " reads ahead hold them all)");

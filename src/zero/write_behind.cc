@@ -15,6 +15,12 @@ Result<void*> WriteBehind::ReuseOldest() {
   return buf;
 }
 
+Result<void*> WriteBehind::TakeFreeOrOldest() {
+  if (void* p = pool_->TryTake()) return p;
+  if (writes_.empty()) return static_cast<void*>(nullptr);
+  return ReuseOldest();
+}
+
 Status WriteBehind::WaitSlot(SlotId slot) {
   for (const Write& w : writes_) {
     if (w.slot == slot) STRATA_RETURN_IF_ERROR(Wait(w));

@@ -42,6 +42,9 @@ class WriteBehind {
   // The oldest write's buffer once it is on disk, off the queue; its error if it failed
   // (it stays queued for Drain, which returns the buffer).
   Result<void*> ReuseOldest();
+  // A free buffer of the pool, else ReuseOldest's; nullptr when the pool has none free and
+  // nothing is being written (every buffer is held elsewhere). Never waits for a Give.
+  Result<void*> TakeFreeOrOldest();
   // Waits for the writes still in flight to `slot` (a read or a new write of it must not
   // overtake them); the first error.
   Status WaitSlot(SlotId slot);
