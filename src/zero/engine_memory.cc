@@ -82,11 +82,12 @@ Status Engine::Impl::PlanLayout(zero::EnginePlan& plan) {
                                << gather_plan.max_prefetch_modules << " modules, " << info.kept_chunks
                                << " chunks kept from forward to backward, " << info.carried_chunks
                                << " carried between micro-batches)"
-                               << (grad_tier == ZeroTier::kNvme
-                                       ? "; gradients on NVMe but for " +
+                               << (grad_tier != ZeroTier::kNvme ? ""
+                                   : info.gradient_resident_chunks == 0
+                                       ? "; gradients on NVMe"
+                                       : "; gradients on NVMe but for " +
                                              std::to_string(info.gradient_resident_chunks) +
-                                             " more chunks kept"
-                                       : "");
+                                             " more chunks kept");
   return OkStatus();
 }
 
