@@ -11,8 +11,14 @@
 
 namespace strata::tools {
 
-// The process's peak resident set so far (getrusage); 0 where it cannot be read.
+// The process's peak resident set since it started or since ResetPeakRss
+// (/proc/self/status VmHWM; getrusage where that cannot be read); 0 where neither can.
 uint64_t PeakRssBytes();
+
+// Lowers the peak to the resident set now (/proc/self/clear_refs), so that a run
+// measures its own peak after an earlier run in the process freed its memory. false
+// where the kernel does not allow it; the peak then stays the process's.
+bool ResetPeakRss();
 
 // The process's resident set now (/proc/self/statm); 0 where it cannot be read.
 uint64_t CurrentRssBytes();

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "strata/disk_stats.h"
 #include "zero/engine_harness.h"
 #include "zero/single_world.h"
@@ -177,6 +179,20 @@ TEST(StepBenchRun, ReportsThePeakRssBesideThePlansProcessEstimate) {
   EXPECT_NE(text.find("process peak RSS"), std::string::npos) << text;
   EXPECT_NE(text.find("+ process "), std::string::npos) << text;
   EXPECT_NE(text.find("binary and libraries "), std::string::npos) << text;
+}
+
+// Each run of bench step measures its own peak: an earlier run's memory, freed, does
+// not count against the next one's plan (an overlapped run and then a serial one).
+TEST(StepBenchRun, EachRunMeasuresItsOwnPeak) {
+  constexpr size_t kBytes = 192u << 20;
+  if (!ResetPeakRss()) GTEST_SKIP() << "/proc/self/clear_refs cannot be written here";
+  const uint64_t before = PeakRssBytes();
+  {
+    std::vector<char> big(kBytes, 1);  // touched: resident
+    EXPECT_GE(PeakRssBytes(), before + kBytes / 2) << "the peak follows the resident set";
+  }
+  ASSERT_TRUE(ResetPeakRss());
+  EXPECT_LT(PeakRssBytes(), before + kBytes / 2) << "the freed memory is out of the peak";
 }
 
 }  // namespace
