@@ -7,6 +7,41 @@ namespace {
 
 double Over(double work, double rate) { return work > 0 && rate > 0 ? work / rate : 0.0; }
 
+double DiskSeconds(const LaneRates& r, double read, double write) {
+  return r.nvme_mixed_bytes_per_s > 0
+             ? Over(read + write, r.nvme_mixed_bytes_per_s)
+             : Over(read, r.nvme_read_bytes_per_s) + Over(write, r.nvme_write_bytes_per_s);
+}
+
+using Lanes = std::vector<std::pair<std::string, double>>;
+
+struct Phase {
+  double seconds = 0;
+  std::string critical;
+};
+
+// An overlapped stretch of the step: on shared cores max(cpu x factor + gather reads,
+// disk); on a GPU the slowest lane, the compute with its gather reads.
+Phase Overlap(const Lanes& lanes, double gathers, double disk, double factor, bool shared_cpu) {
+  Phase p;
+  if (shared_cpu) {
+    double cpu = 0;
+    for (const auto& [name, s] : lanes) cpu += name == "nvme_read" || name == "nvme_write" ? 0 : s;
+    p.seconds = std::max(cpu * factor + gathers, disk);
+    p.critical = cpu * factor + gathers >= disk ? (gathers > 0 ? "cpu + gather reads" : "cpu") : "nvme";
+    return p;
+  }
+  p.seconds = disk;
+  p.critical = "nvme";
+  for (const auto& [name, s] : lanes) {
+    const double path = name == "compute" ? s + gathers : s;
+    if (name == "nvme_read" || name == "nvme_write" || path <= p.seconds) continue;
+    p.seconds = path;
+    p.critical = name == "compute" && gathers > 0 ? "compute + gather reads" : name;
+  }
+  return p;
+}
+
 }  // namespace
 
 PlanTime PredictPlanTime(const LaneRates& r, const LaneWork& w, bool shared_cpu, OffloadDevice opt_device,
@@ -40,27 +75,33 @@ PlanTime PredictPlanTime(const LaneRates& r, const LaneWork& w, bool shared_cpu,
   t.lanes = {{"compute", w.compute_s}, {"optimizer", optimizer}, {"other", other},  {"copies", copies},
              {"collectives", comm},    {"nvme_read", rd},        {"nvme_write", wr}};
   for (const auto& [name, s] : t.lanes) t.serial_s += s;
-  t.disk_s = r.nvme_mixed_bytes_per_s > 0
-                 ? Over(w.nvme_read_bytes + w.nvme_write_bytes, r.nvme_mixed_bytes_per_s)
-                 : rd + wr;
+  t.disk_s = DiskSeconds(r, w.nvme_read_bytes, w.nvme_write_bytes);
   t.cpu_s = w.compute_s + optimizer + other + copies + comm;
   const double factor = e.overlap_factor > 0 ? e.overlap_factor : 1.0;
   // The forward and backward wait for their gathers' reads: on the cores' path, while
   // the disk's own total already counts those bytes.
   const double gathers = Over(w.nvme_param_read_bytes, r.nvme_read_bytes_per_s);
-  if (shared_cpu) {
-    t.overlapped_s = std::max(t.cpu_s * factor + gathers, t.disk_s);
-    t.critical =
-        t.cpu_s * factor + gathers >= t.disk_s ? (gathers > 0 ? "cpu + gather reads" : "cpu") : "nvme";
-  } else {
-    t.overlapped_s = t.disk_s;
-    t.critical = "nvme";
-    for (const auto& [name, s] : t.lanes) {
-      const double path = name == "compute" ? s + gathers : s;
-      if (name == "nvme_read" || name == "nvme_write" || path <= t.overlapped_s) continue;
-      t.overlapped_s = path;
-      t.critical = name == "compute" && gathers > 0 ? "compute + gather reads" : name;
+  const Phase whole = Overlap(t.lanes, gathers, t.disk_s, factor, shared_cpu);
+  t.overlapped_s = whole.seconds;
+  t.critical = whole.critical;
+  const double between = DiskSeconds(r, w.nvme_between_read_bytes, w.nvme_between_write_bytes);
+  if (w.micro_batches > 1 && between > 0) {
+    // The gradient shards of the first a-1 micro-batches go to disk and back while those
+    // micro-batches run; the state's reads and writes wait for the last one's backward
+    // (the speculative step). Two phases, each as fast as its slowest resource.
+    const double f = static_cast<double>(w.micro_batches - 1) / w.micro_batches;
+    Lanes first = t.lanes, last = t.lanes;
+    for (size_t i = 0; i < t.lanes.size(); ++i) {
+      const std::string& name = t.lanes[i].first;
+      const bool per_micro_batch = name == "compute" || name == "copies" || name == "collectives";
+      first[i].second = per_micro_batch ? f * t.lanes[i].second : 0;
+      last[i].second = t.lanes[i].second - first[i].second;
     }
+    const Phase a = Overlap(first, f * gathers, between, factor, shared_cpu);
+    const Phase b = Overlap(last, (1 - f) * gathers, std::max(0.0, t.disk_s - between), factor, shared_cpu);
+    t.accumulation_s = a.seconds;
+    t.overlapped_s = a.seconds + b.seconds;
+    t.critical = b.critical + " (micro-batches before the last: " + a.critical + ")";
   }
   return t;
 }
@@ -73,6 +114,7 @@ nlohmann::json ToJson(const PlanTime& t) {
           {"disk_s", t.disk_s},
           {"serial_s", t.serial_s},
           {"overlapped_s", t.overlapped_s},
+          {"accumulation_s", t.accumulation_s},
           {"critical", t.critical}};
 }
 

@@ -19,14 +19,20 @@ struct PlanTime {
   double disk_s = 0;        // reads and writes, at the mixed rate where one was measured
   double serial_s = 0;      // every lane one after another (strata.overlap false)
   double overlapped_s = 0;  // the slowest resource, slowed by the measured overlap factor
-  std::string critical;     // what the overlapped step waits on: "cpu", "nvme" or a lane
+  // Of overlapped_s, the micro-batches before the last where their gradient shards go
+  // through the disk (accumulation); 0 where the step is one overlapped stretch.
+  double accumulation_s = 0;
+  std::string critical;  // what the overlapped step waits on: "cpu", "nvme" or a lane
 };
 
 // shared_cpu: the sim device, whose compute, optimizer, copies and collectives share
 // the CPU cores (the overlapped step is then max(cpu x overlap_factor + gather reads,
 // disk)); on a GPU it is the slowest lane, compute with its gather reads. The gathers'
 // parameter reads from NVMe sit on the compute's path: the forward and backward wait for
-// them. `opt_device` (offload_optimizer.device) and, for the CPU's, `stage` (for NVMe's,
+// them. With accumulation and gradient shards on disk the overlapped step is two such
+// stretches: the micro-batches before the last (their compute, copies and collectives
+// beside the shards' traffic) and then the last one with the optimizer (beside the rest
+// of the disk's bytes). `opt_device` (offload_optimizer.device) and, for the CPU's, `stage` (for NVMe's,
 // work.params_in_optimizer_state) pick the calibration that applies.
 PlanTime PredictPlanTime(const LaneRates& rates, const LaneWork& work, bool shared_cpu,
                          OffloadDevice opt_device, int stage);

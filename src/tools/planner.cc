@@ -47,34 +47,61 @@ struct Planning {
   uint64_t process_base;
 };
 
+// One way of running a candidate (overlapped or serial): the engine's plan for it, and
+// the work and time that plan implies. The two ways can place differently: speculation
+// spares take room that a serial step leaves to the gather window (a stage-3 device
+// optimizer then keeps more chunks between the forward and the backward).
+struct Way {
+  EngineLayoutInfo layout;
+  LaneWork work;
+  PlanTime time;
+};
+
+Result<Way> PlanWay(const Planning& g, const Config& c) {
+  STRATA_ASSIGN_OR_RETURN(EngineLayoutInfo layout,
+                          Engine::Plan(c, g.r.model.decl, EngineResources{&g.world, &g.device}));
+  Way w{std::move(layout), {}, {}};
+  w.work = PredictTraffic(c, g.r.world_size, w.layout);
+  w.work.compute_s = PredictComputeSeconds(g.r.model.flops_per_sample, g.r.micro_batch,
+                                           c.gradient_accumulation_steps, g.r.rates.compute_flops_per_s);
+  w.time = PredictPlanTime(g.r.rates, w.work, g.shared_cpu, c.zero.offload_optimizer.device, c.zero.stage);
+  return w;
+}
+
 Result<PlanCandidate> Evaluate(const Planning& g, PlanCandidate p) {
-  Result<EngineLayoutInfo> plan =
-      Engine::Plan(p.config, g.r.model.decl, EngineResources{&g.world, &g.device});
-  if (!plan.ok() && plan.status().code() != StatusCode::kOutOfBudget &&
-      plan.status().code() != StatusCode::kInvalidArgument) {
-    return plan.status().WithContext("planning " + p.name);
+  Result<Way> first = PlanWay(g, p.config);
+  if (!first.ok() && first.status().code() != StatusCode::kOutOfBudget &&
+      first.status().code() != StatusCode::kInvalidArgument) {
+    return first.status().WithContext("planning " + p.name);
   }
-  if (!plan.ok()) {
+  if (!first.ok()) {
     // InvalidArgument: a key of the base config that this combination cannot honour
     // (strata.optimizer_resident without an NVMe optimizer, say), named in the text.
-    p.valid = plan.status().code() == StatusCode::kOutOfBudget;
-    p.refusal = plan.status().message();
+    p.valid = first.status().code() == StatusCode::kOutOfBudget;
+    p.refusal = first.status().message();
     return p;
   }
   p.fits = true;
-  p.layout = *plan;
+  Way chosen = std::move(*first);
+  // The plan decides (strata.overlap "auto" included): its choice is what it timed, each
+  // way on its own placement. A serial step needs no more room than an overlapped one.
+  if (p.config.strata.overlap) {
+    Config serial = p.config;
+    serial.strata.overlap = serial.strata.overlap_auto = false;
+    STRATA_ASSIGN_OR_RETURN(Way off, PlanWay(g, serial));
+    const double overlapped_s = chosen.time.overlapped_s, serial_s = off.time.serial_s;
+    p.config.strata.overlap = overlapped_s <= serial_s;
+    if (!p.config.strata.overlap) chosen = std::move(off);
+    chosen.time.overlapped_s = overlapped_s;  // each way's figure from its own placement
+    chosen.time.serial_s = serial_s;
+  }
+  p.config.strata.overlap_auto = false;
+  p.layout = std::move(chosen.layout);
+  p.work = chosen.work;
+  p.time = std::move(chosen.time);
   p.process = EstimateProcessMemory(g.process_base, p.layout, p.config, g.r.model.activation_bytes_per_sample,
                                     g.r.micro_batch);
   p.process.activations_counted = g.r.model.activations_counted;
-  p.work = PredictTraffic(p.config, g.r.world_size, p.layout);
-  p.work.compute_s =
-      PredictComputeSeconds(g.r.model.flops_per_sample, g.r.micro_batch, p.config.gradient_accumulation_steps,
-                            g.r.rates.compute_flops_per_s);
-  p.time = PredictPlanTime(g.r.rates, p.work, g.shared_cpu, p.config.zero.offload_optimizer.device,
-                           p.config.zero.stage);
-  // The plan decides (strata.overlap "auto" included): its choice is what it timed.
-  p.config.strata.overlap = p.config.strata.overlap && p.time.overlapped_s <= p.time.serial_s;
-  p.config.strata.overlap_auto = false;
   p.predicted_s = p.config.strata.overlap ? p.time.overlapped_s : p.time.serial_s;
   p.critical_lane = p.config.strata.overlap ? p.time.critical : "serial";
   return p;

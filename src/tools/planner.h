@@ -49,6 +49,8 @@ struct PlanCandidate {
   // The process beside the engine's tiers (process_memory.h): host memory on the sim
   // device, where it counts against the machine's RAM with the pinned need.
   ProcessMemory process;
+  // The layout, work and lanes of the way the plan chose (config.strata.overlap); the
+  // time's serial_s and overlapped_s are each from that way's own placement.
   LaneWork work;
   PlanTime time;
   // The faster of the serial and the overlapped step when the base config leaves

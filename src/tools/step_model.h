@@ -86,6 +86,12 @@ struct LaneWork {
   // Of nvme_read_bytes, the parameter shards the gathers read (the forward and backward
   // wait for them); 0 where not predicted.
   double nvme_param_read_bytes = 0;
+  // With accumulation over `micro_batches`, the gradient bytes the disk moves before the
+  // last micro-batch's backward (its shards written and read back between micro-batches):
+  // work the step's own state traffic cannot share the disk with. Part of the read and
+  // write totals above.
+  int micro_batches = 1;
+  double nvme_between_read_bytes = 0, nvme_between_write_bytes = 0;
   bool params_in_optimizer_state = false;  // the layout's: the NVMe master is the parameter shard
 };
 

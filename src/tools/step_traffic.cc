@@ -41,6 +41,7 @@ LaneWork PredictTraffic(const Config& c, int world_size, const EngineLayoutInfo&
   const OffloadDevice opt_dev = c.zero.offload_optimizer.device;
   const OffloadDevice par_dev = stage == 3 ? c.zero.offload_param.device : OffloadDevice::kNone;
   w.adam_params = chunks * opt;
+  w.micro_batches = static_cast<int>(a);
   w.params_in_optimizer_state = l.params_in_optimizer_state;
   // offload_optimizer.ratio: these chunks' state and gradients stay on the device.
   const double on_device = l.optimizer_device_chunks;
@@ -85,6 +86,10 @@ LaneWork PredictTraffic(const Config& c, int world_size, const EngineLayoutInfo&
       const double grads_on_disk = on_disk - l.gradient_resident_chunks;
       w.nvme_write_bytes += writes * grads_on_disk * slot;
       w.nvme_read_bytes += reads * grads_on_disk * slot;
+      // Before the last micro-batch: the first a-1 writes, and the reads of the 2nd to
+      // (a-1)th micro-batches; the last one's read and the step's own come after.
+      w.nvme_between_write_bytes = (a - 1) * grads_on_disk * slot;
+      w.nvme_between_read_bytes = std::max(0.0, a - 2) * grads_on_disk * slot;
     }
   }
   if (par_dev == OffloadDevice::kNvme) {

@@ -194,6 +194,12 @@ TEST_P(TrafficTest, MatchesTheCountersOfARealStep) {
     EXPECT_EQ(w.nvme_read_bytes, static_cast<double>(r.bytes_nvme_read));
   }
   EXPECT_EQ(w.nvme_write_bytes, static_cast<double>(r.bytes_nvme_written));
+  // The shards' traffic between micro-batches is part of those totals.
+  EXPECT_LE(w.nvme_between_write_bytes, w.nvme_write_bytes);
+  EXPECT_LE(w.nvme_between_read_bytes, w.nvme_read_bytes);
+  const bool shards_on_disk =
+      l.gradients_on_nvme && l.gradient_resident_chunks + l.optimizer_resident_chunks < l.num_chunks;
+  EXPECT_EQ(w.nvme_between_write_bytes > 0, k.accumulation > 1 && shards_on_disk);
 }
 
 // A model of eight chunks at stage 3 with everything on NVMe: every gather reads its
@@ -345,6 +351,34 @@ TEST(PlanTime, HandWorkedOnSharedCoresAndOnAGpu) {
   EXPECT_DOUBLE_EQ(t.overlapped_s, 0.7);
   EXPECT_EQ(t.critical, "cpu + gather reads");
   EXPECT_DOUBLE_EQ(t.serial_s, 1.25) << "the serial step counts each read once";
+}
+
+// With accumulation, the gradient shards' traffic before the last micro-batch cannot
+// share the disk with the state's after it: two stretches, each its slowest resource.
+TEST(PlanTime, AccumulationTimesTheMicroBatchesBeforeTheLastApart) {
+  LaneRates r;
+  r.copy_bytes_per_s = 10e9;
+  r.nvme_read_bytes_per_s = r.nvme_write_bytes_per_s = 2e9;
+  r.host_optimizer = r.nvme_optimizer = {1e9, 0, 1.0};
+  LaneWork w;
+  w.compute_s = 0.4;                             // 0.3 s in the first three of four micro-batches
+  w.nvme_read_bytes = w.nvme_write_bytes = 1e9;  // 1 s on the disk
+  w.nvme_between_write_bytes = 0.2e9;            // of which 0.1 s before the last
+  PlanTime t = PredictPlanTime(r, w, /*shared_cpu=*/true, OffloadDevice::kNvme, 3);
+  EXPECT_DOUBLE_EQ(t.overlapped_s, 1.0) << "one micro-batch: one stretch";
+  EXPECT_DOUBLE_EQ(t.accumulation_s, 0.0);
+  w.micro_batches = 4;
+  for (bool shared : {true, false}) {
+    t = PredictPlanTime(r, w, shared, OffloadDevice::kNvme, 3);
+    EXPECT_DOUBLE_EQ(t.accumulation_s, 0.3) << "the compute, beside 0.1 s of shards";
+    EXPECT_DOUBLE_EQ(t.overlapped_s, 0.3 + 0.9) << "then 0.9 s of the disk beside 0.1 s of compute";
+    EXPECT_DOUBLE_EQ(t.serial_s, 1.4);
+  }
+  EXPECT_EQ(t.critical, "nvme (micro-batches before the last: compute)");
+  w.nvme_between_read_bytes = 0.6e9;  // now 0.4 s before the last: the disk's there too
+  t = PredictPlanTime(r, w, true, OffloadDevice::kNvme, 3);
+  EXPECT_DOUBLE_EQ(t.accumulation_s, 0.4);
+  EXPECT_DOUBLE_EQ(t.overlapped_s, 0.4 + 0.6);
 }
 
 // The work of a step that only steps `params` optimizer elements.
@@ -567,6 +601,39 @@ TEST(Planner, TheProcessBesideTheTiersIsCounted) {
     EXPECT_EQ(c.process.total(), c.process.base + c.process.creation + c.process.activations);
   }
   EXPECT_GT(fits, 0);
+}
+
+// Each way is timed on the placement the engine makes for it: a serial step has no
+// speculation spares, so at stage 3 with the optimizer on the device their room goes to
+// the gather window, which keeps more chunks between the forward and the backward and
+// gathers fewer. The candidate's layout, work and memory are those of the way it runs.
+TEST(Planner, EachWayIsTimedOnItsOwnPlacement) {
+  const std::string budget = "{\"strata\": {\"device_budget\": 740000}}";
+  Result<std::vector<PlanCandidate>> all = PlanWith(budget);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  const PlanCandidate* device3 = nullptr;
+  for (const PlanCandidate& c : *all) {
+    if (!c.fits) continue;
+    if (c.name == "stage 3, optimizer none, params none") device3 = &c;
+    Result<EngineLayoutInfo> own = Plan(c.config);
+    ASSERT_TRUE(own.ok()) << c.name << ": " << own.status().ToString();
+    EXPECT_EQ(own->kept_chunks, c.layout.kept_chunks) << c.name;
+    EXPECT_EQ(own->device_need, c.layout.device_need) << c.name;
+    EXPECT_EQ(own->host_need, c.layout.host_need) << c.name;
+    const LaneWork w = PredictTraffic(c.config, 1, *own);
+    EXPECT_DOUBLE_EQ(w.copy_bytes, c.work.copy_bytes) << c.name;
+    EXPECT_DOUBLE_EQ(w.comm_bytes, c.work.comm_bytes) << c.name;
+  }
+  ASSERT_NE(device3, nullptr);
+  ASSERT_TRUE(device3->fits) << device3->refusal;
+  EXPECT_FALSE(device3->config.strata.overlap) << "overlap factor 1.2 on shared cores: serial";
+  Config overlapped = device3->config;
+  overlapped.strata.overlap = true;
+  Result<EngineLayoutInfo> on = Plan(overlapped);
+  ASSERT_TRUE(on.ok()) << on.status().ToString();
+  EXPECT_GT(device3->layout.kept_chunks, on->kept_chunks) << "the spares' room keeps chunks";
+  EXPECT_LT(device3->work.comm_bytes, PredictTraffic(overlapped, 1, *on).comm_bytes);
+  EXPECT_GT(device3->time.overlapped_s, device3->time.serial_s);
 }
 
 TEST(Planner, NothingFitsAndEachSaysWhy) {
