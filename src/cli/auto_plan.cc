@@ -55,9 +55,8 @@ Choice PlanOnRankZero(const Communicator& world, const tools::PlanModel& model, 
   }
   int fitting = 0;
   for (const tools::PlanCandidate& c : *all) fitting += c.fits;
-  std::fprintf(stderr,
-               "strata: --config auto: %s, the fastest of %d configurations that fit (planned in %.1f s)\n",
-               Describe(best).c_str(), fitting, took);
+  std::fprintf(stderr, "strata: --config auto: %s, of %d configurations that fit %s (planned in %.1f s)\n",
+               Describe(best).c_str(), fitting, tools::ChoiceReason(*all).c_str(), took);
   for (size_t i = 1; i < all->size() && i < 3 && (*all)[i].fits; ++i)
     std::fprintf(stderr, "strata:   next: %s\n", Describe((*all)[i]).c_str());
   std::fprintf(stderr, "strata:   the same as %s; `strata plan` shows every configuration\n",

@@ -153,7 +153,7 @@ std::string Report(const tools::PlanRequest& r, const std::vector<tools::PlanCan
   if (n > 0) {
     const tools::PlanCandidate& best = all.front();
     out += "\nfirst choice: " + best.name + " (" + ChoiceFlags(best.config) + "), " +
-           FormatSeconds(best.predicted_s) + " a step\n";
+           FormatSeconds(best.predicted_s) + " a step: " + tools::ChoiceReason(all) + "\n";
     for (const EngineNeedPart& p : best.layout.need_parts)
       out += "  " + p.tier + ": " + FormatBytes(p.bytes) + "  " + p.what + "\n";
     const tools::ProcessMemory& m = best.process;

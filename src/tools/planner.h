@@ -69,11 +69,22 @@ Result<LaneRates> MeasurePlanRates(const PlanRequest& request);
 // --config auto` runs with the choice.
 Config CandidateConfig(const Config& base, int stage, OffloadDevice opt, OffloadDevice param);
 
-// Every combination, those that fit first (fastest first), then those that do not, then
-// those the engine refuses. Errors: InvalidArgument (world_size < 1, micro_batch < 1),
+// Predictions closer than this share of the fastest are ties (planner.cc says why).
+inline constexpr double kTieBand = 0.02;
+
+// Orders candidates as PlanConfigurations returns them: those that fit, fastest first
+// but for the ties with the fastest, which lead by the memory they reserve (device +
+// pinned host); then those that do not fit; then those the engine refuses.
+void RankCandidates(std::vector<PlanCandidate>& candidates);
+
+// Every combination, ranked by RankCandidates. Errors: InvalidArgument (world_size < 1, micro_batch < 1),
 // Unavailable (the configured device is missing), and any
 // engine error other than a budget or a key's refusal, with the candidate named.
 Result<std::vector<PlanCandidate>> PlanConfigurations(const PlanRequest& request);
+
+// Why PlanConfigurations' first candidate is first: "the fastest predicted", or the tie
+// with the fastest it won by memory, both named. Empty when nothing fits.
+std::string ChoiceReason(const std::vector<PlanCandidate>& ranked);
 
 nlohmann::json ToJson(const PlanCandidate& c);
 

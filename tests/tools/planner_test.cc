@@ -529,8 +529,8 @@ TEST(Planner, RanksWhatFitsFastestFirstThenWhatDoesNot) {
       ++combos;
       fits += c.fits;
     }
-    if (i > 0 && c.fits) {
-      EXPECT_LE((*all)[i - 1].predicted_s, c.predicted_s) << c.name;
+    if (i > 0 && c.fits && c.predicted_s > all->front().predicted_s * (1 + kTieBand)) {
+      EXPECT_LE((*all)[i - 1].predicted_s, c.predicted_s) << c.name << ": after the ties, fastest first";
     }
     if (i > 0) {
       EXPECT_FALSE(c.fits && !(*all)[i - 1].fits) << "what fits comes first";
@@ -634,6 +634,36 @@ TEST(Planner, EachWayIsTimedOnItsOwnPlacement) {
   EXPECT_GT(device3->layout.kept_chunks, on->kept_chunks) << "the spares' room keeps chunks";
   EXPECT_LT(device3->work.comm_bytes, PredictTraffic(overlapped, 1, *on).comm_bytes);
   EXPECT_GT(device3->time.overlapped_s, device3->time.serial_s);
+}
+
+// Predictions within kTieBand of the fastest are ties; the first choice among them is
+// the one reserving the least memory, and the reason names the fastest it tied with.
+TEST(Planner, AmongTiesTheLeastMemoryComesFirst) {
+  auto candidate = [](const char* name, double s, uint64_t device, uint64_t host, bool fits = true) {
+    PlanCandidate c;
+    c.name = name;
+    c.fits = fits;
+    c.predicted_s = s;
+    c.layout.device_need = device;
+    c.layout.host_need = host;
+    return c;
+  };
+  std::vector<PlanCandidate> all = {
+      candidate("slow", 1.10, 1, 1), candidate("fast", 1.000, 500, 2000), candidate("tie", 1.015, 1500, 500),
+      candidate("lean tie", 1.019, 900, 600), candidate("no fit", 0, 1, 1, false)};
+  RankCandidates(all);
+  std::vector<std::string> order;
+  for (const PlanCandidate& c : all) order.push_back(c.name);
+  EXPECT_EQ(order, (std::vector<std::string>{"lean tie", "tie", "fast", "slow", "no fit"}))
+      << "1.5 kB, 2 kB, 2.5 kB reserved within 2%; then by time";
+  const std::string why = ChoiceReason(all);
+  EXPECT_NE(why.find("within 2% of the fastest predicted (fast, "), std::string::npos) << why;
+  EXPECT_NE(why.find("the least memory reserved"), std::string::npos) << why;
+  std::vector<PlanCandidate> apart = {candidate("lean", 1.021, 1, 1), candidate("fast", 1.0, 500, 2000)};
+  RankCandidates(apart);
+  EXPECT_EQ(apart.front().name, "fast") << "2.1% slower is no tie";
+  EXPECT_EQ(ChoiceReason(apart), "the fastest predicted");
+  EXPECT_EQ(ChoiceReason({candidate("no fit", 0, 1, 1, false)}), "") << "nothing fits";
 }
 
 TEST(Planner, NothingFitsAndEachSaysWhy) {
