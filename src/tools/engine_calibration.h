@@ -25,9 +25,10 @@ namespace strata::tools {
 // Fills rates->compute_flops_per_s, device_optimizer, device_split, host_optimizer,
 // host_optimizer_stage3, nvme_optimizer and nvme_optimizer_master; reads
 // rates->copy_bytes_per_s (the probe's) to take the host path's copies out of its rest.
-// Runs 1 + `steps` steps per variant in this process (a world of one rank, the base
-// config's device and budgets; a variant those budgets cannot hold runs under the
-// device's capacity and the derived host budget instead). InvalidArgument for
+// Runs 1 + `steps` steps three times per variant (serial, overlapped, serial) in this
+// process (a world of one rank, the base config's device and budgets; a variant those
+// budgets cannot hold runs under the device's capacity and the derived host budget
+// instead). InvalidArgument for
 // micro_batch < 1; the engine's errors, with what was being calibrated.
 Status CalibrateEngine(const Config& base, const PlanModel& model, int64_t micro_batch, LaneRates* rates,
                        int steps = 4);

@@ -86,16 +86,19 @@ Result<PlanCandidate> Evaluate(const Planning& g, PlanCandidate p) {
   p.fits = true;
   Way chosen = std::move(*first);
   // The plan decides (strata.overlap "auto" included): its choice is what it timed, each
-  // way on its own placement. A serial step needs no more room than an overlapped one.
+  // way on its own placement. A serial step needs no more room than an overlapped one;
+  // should its plan fail all the same, the candidate stays overlapped.
   if (p.config.strata.overlap) {
     Config serial = p.config;
     serial.strata.overlap = serial.strata.overlap_auto = false;
-    STRATA_ASSIGN_OR_RETURN(Way off, PlanWay(g, serial));
-    const double overlapped_s = chosen.time.overlapped_s, serial_s = off.time.serial_s;
-    p.config.strata.overlap = overlapped_s <= serial_s;
-    if (!p.config.strata.overlap) chosen = std::move(off);
-    chosen.time.overlapped_s = overlapped_s;  // each way's figure from its own placement
-    chosen.time.serial_s = serial_s;
+    Result<Way> off = PlanWay(g, serial);
+    if (off.ok()) {
+      const double overlapped_s = chosen.time.overlapped_s, serial_s = off->time.serial_s;
+      p.config.strata.overlap = overlapped_s <= serial_s;
+      if (!p.config.strata.overlap) chosen = std::move(*off);
+      chosen.time.overlapped_s = overlapped_s;  // each way's figure from its own placement
+      chosen.time.serial_s = serial_s;
+    }
   }
   p.config.strata.overlap_auto = false;
   p.layout = std::move(chosen.layout);
