@@ -12,6 +12,7 @@
 #include <numeric>
 
 #include "strata/device.h"
+#include "tools/engine_calibration.h"
 #include "tools/mirror_world.h"
 #include "tools/model_engine.h"
 #include "tools/plan_test_model.h"
@@ -488,6 +489,35 @@ Result<std::vector<PlanCandidate>> PlanWith(const std::string& extra) {
   r.micro_batch = 8;
   r.rates = SomeRates();
   return PlanConfigurations(r);
+}
+
+// A slow spell only lengthens a run: each variant's serial step is taken twice, before
+// and after its overlapped one, and the faster kept. Here every first serial run takes
+// 2 s and every second 1 s (canned runs, no engine).
+TEST(Planner, CalibrationKeepsTheFasterOfTwoSerialRuns) {
+  Result<PlanModel> m = MlpPlanModel(Model());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  int serial_runs = 0;
+  m->run_cut = [&](Communicator&, const Config& c, int64_t, int) -> Result<CutRun> {
+    CutRun r;
+    r.step_s = c.strata.overlap ? 0.9 : (serial_runs++ % 2 == 0 ? 2.0 : 1.0);
+    r.compute_s = 0.1;
+    r.optimizer_s = 0.1;
+    r.optimizer_elems = 1e6;
+    r.flops_per_step = 1e9;
+    return r;
+  };
+  LaneRates rates;  // copy rate 0: no copies taken out of the rest
+  Status s = CalibrateEngine(MakeConfig({0, "none", "none"}), *m, 8, &rates);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(serial_runs, 2 * 6) << "two serial runs in each of the six variants (fp32)";
+  for (const EngineRates* e :
+       {&rates.device_optimizer, &rates.host_optimizer, &rates.device_split, &rates.host_optimizer_stage3,
+        &rates.nvme_optimizer, &rates.nvme_optimizer_master}) {
+    EXPECT_NEAR(e->other_s_per_param, (1.0 - 0.1 - 0.1) / 1e6, 1e-15) << "the 1 s run, not the 2 s one";
+    EXPECT_DOUBLE_EQ(e->overlap_factor, 0.9);
+    EXPECT_DOUBLE_EQ(e->optimizer_params_per_s, 1e7);
+  }
 }
 
 // The calibration times the whole model while a step is at most 32 GFLOP, and its cut
