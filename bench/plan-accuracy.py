@@ -75,6 +75,8 @@ def main() -> int:
     ap.add_argument("--from", dest="from_dir", default="")
     ap.add_argument("--confirm", type=int, default=0)
     a = ap.parse_args()
+    if a.confirm < 0:
+        ap.error(f"--confirm takes a number of rounds, 0 or more (got {a.confirm})")
     if a.from_dir:
         rows = json.load(open(os.path.join(a.from_dir, "rows.json")))
         report(rows)
@@ -223,8 +225,15 @@ def confirm(a: argparse.Namespace, rows: list[dict], out: str) -> None:
         if first is fastest:
             print(f"{name}: the first choice is the grid's fastest; nothing to confirm")
             continue
-        plan = json.load(open(os.path.join(out, f"plan{mi}.json")))
+        plan_path = os.path.join(out, f"plan{mi}.json")
+        if not os.path.exists(plan_path):
+            sys.exit(f"plan-accuracy: --confirm needs {plan_path}, the plan the grid of {name!r} kept; "
+                     f"give --models in the order that run used")
+        plan = json.load(open(plan_path))
         by_name = {c["name"]: c for c in plan["candidates"] if c["fits"]}
+        if first["name"] not in by_name or fastest["name"] not in by_name:
+            sys.exit(f"plan-accuracy: {plan_path} is not the plan of {name!r}'s rows "
+                     f"(no {first['name']!r} or {fastest['name']!r}); give --models in the order that run used")
         steps = {first["name"]: [], fastest["name"]: []}
         for k in range(a.confirm):
             pair = [first, fastest] if k % 2 == 0 else [fastest, first]

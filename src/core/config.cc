@@ -1,7 +1,6 @@
 #include "strata/config.h"
 
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -220,10 +219,9 @@ Status ReadStrata(JsonReader& r, StrataConfig* s) {
   double threads = s->optimizer_threads > 0 ? s->optimizer_threads : -1;
   STRATA_RETURN_IF_ERROR(r.DoubleOrAuto("optimizer_threads", 1, 4096, &threads));
   if (threads >= 0 && threads != std::floor(threads)) {
-    char got[32];
-    std::snprintf(got, sizeof(got), "%g", threads);
     return InvalidArgumentError(r.Path("optimizer_threads") +
-                                ": expected a whole number of threads or \"auto\", got " + got);
+                                ": expected a whole number of threads or \"auto\", got " +
+                                FormatDouble("%g", threads));
   }
   s->optimizer_threads = threads < 0 ? 0 : static_cast<int>(threads);
   STRATA_RETURN_IF_ERROR(r.Enum("gradients", {"auto", "host", "nvme"}, &s->gradients));

@@ -28,8 +28,8 @@ namespace strata::tools {
 // Runs 1 + `steps` steps three times per variant (serial, overlapped, serial) in this
 // process (a world of one rank, the base config's device and budgets; a variant those
 // budgets cannot hold runs under the device's capacity and the derived host budget
-// instead). InvalidArgument for
-// micro_batch < 1; the engine's errors, with what was being calibrated.
+// instead). InvalidArgument for micro_batch < 1; the engine's errors, with what was
+// being calibrated.
 Status CalibrateEngine(const Config& base, const PlanModel& model, int64_t micro_batch, LaneRates* rates,
                        int steps = 4);
 

@@ -32,8 +32,8 @@ struct PlanTime {
 // them. With accumulation and gradient shards on disk the overlapped step is two such
 // stretches: the micro-batches before the last (their compute, copies and collectives
 // beside the shards' traffic) and then the last one with the optimizer (beside the rest
-// of the disk's bytes). `opt_device` (offload_optimizer.device) and, for the CPU's, `stage` (for NVMe's,
-// work.params_in_optimizer_state) pick the calibration that applies.
+// of the disk's bytes). `opt_device` (offload_optimizer.device) and, for the CPU's,
+// `stage` (for NVMe's, work.params_in_optimizer_state) pick the calibration that applies.
 PlanTime PredictPlanTime(const LaneRates& rates, const LaneWork& work, bool shared_cpu,
                          OffloadDevice opt_device, int stage);
 

@@ -1,7 +1,6 @@
 #include "tools/planner.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <optional>
 
 #include "strata/device.h"
@@ -220,10 +219,8 @@ std::string ChoiceReason(const std::vector<PlanCandidate>& ranked) {
     if (c.fits && c.predicted_s < fastest->predicted_s) fastest = &c;
   }
   if (fastest == &first) return "the fastest predicted";
-  char pct[16];
-  std::snprintf(pct, sizeof pct, "%.0f%%", kTieBand * 100);
-  return "within " + std::string(pct) + " of the fastest predicted (" + fastest->name + ", " +
-         FormatSeconds(fastest->predicted_s) + "), and of those the least memory reserved (" +
+  return "within " + FormatDouble("%.0f%%", kTieBand * 100) + " of the fastest predicted (" + fastest->name +
+         ", " + FormatSeconds(fastest->predicted_s) + "), and of those the least memory reserved (" +
          FormatBytes(Reserved(first)) + " device + pinned host against " + FormatBytes(Reserved(*fastest)) +
          ")";
 }
