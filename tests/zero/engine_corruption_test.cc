@@ -20,8 +20,9 @@
 //    per step, nothing gathers it again before Step(). For a chunk not yet finished in
 //    the last micro-batch (a module at or below m): its reduction, which reads the
 //    gradient shard back to add to it, is not submitted before EndBackward of its
-//    lowest module. WaitForReductions puts the shards the earlier reductions wrote on
-//    disk first.
+//    lowest module. WaitForReductions ends the earlier reductions, and waiting for the
+//    chosen slot's write behind (grad_writes) puts the shard they wrote on disk first:
+//    under load that write can still be in flight when the backward reaches the hook.
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -335,6 +336,10 @@ CorruptRun RunWithFlip(const Scenario& scenario, std::optional<Plan> plan, uint6
       r.flip_error = FailedPreconditionError(why);
       return;
     }
+    // The comm worker is idle here (every reduction was waited for), so the training
+    // thread may wait on its write-behind queue.
+    if (plan->kind == Kind::kGradRead) r.flip_error = s.grad_writes.WaitSlot(r.flip->slot);
+    if (!r.flip_error.ok()) return;
     r.flip_error = FlipByte(r.flip->path, r.flip->offset, static_cast<uint8_t>(1 + rng() % 255));
   };
   if (plan) {
