@@ -49,8 +49,21 @@ void EnginePlanner::PlanExtras() {
   // spares and 1 resident shard, 377-405 ms with all 17 resident and no spare).
   host += PlanParamResidency(host_room());
   out_.spares = 0;
+  out_.gather = {};
+  auto plan_device = [&] {
+    if (stage_ == 3) dev += PlanGatherBuffers(out_.device_budget.bytes - dev);
+    // What the window and the kept chunks leave keeps parameter shards on the device.
+    dev += PlanParamDevice(out_.device_budget.bytes > dev ? out_.device_budget.bytes - dev : 0);
+  };
+  // A device optimizer's spares come after the gather window and the device shards: a
+  // chunk kept from the forward to the backward saves a gather every step, while a
+  // spare only overlaps a device step (fast beside the backward) with it. Spares first
+  // made a larger device budget keep fewer chunks.
+  if (opt_tier_ == ZeroTier::kDevice) plan_device();
   if (overlap_ && opt_tier_ != ZeroTier::kNvme) {
-    const uint64_t room = opt_tier_ == ZeroTier::kDevice ? out_.device_budget.bytes - dev : host_room();
+    const uint64_t room = opt_tier_ == ZeroTier::kDevice
+                              ? (out_.device_budget.bytes > dev ? out_.device_budget.bytes - dev : 0)
+                              : host_room();
     // Device chunks of a CPU optimizer step in place (StepsInPlace): no spare for them.
     const uint64_t speculating = n_chunks - DeviceChunkCount();
     out_.spares =
@@ -60,10 +73,7 @@ void EnginePlanner::PlanExtras() {
     else
       host += out_.spares * out_.opt_set_bytes;
   }
-  out_.gather = {};
-  if (stage_ == 3) dev += PlanGatherBuffers(out_.device_budget.bytes - dev);
-  // What the window and the kept chunks leave keeps parameter shards on the device.
-  dev += PlanParamDevice(out_.device_budget.bytes > dev ? out_.device_budget.bytes - dev : 0);
+  if (opt_tier_ != ZeroTier::kDevice) plan_device();
   out_.device_need = dev;
   out_.host_need = host;
   // The disk was checked for every chunk (before residency was chosen); the stores hold

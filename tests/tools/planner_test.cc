@@ -634,11 +634,12 @@ TEST(Planner, TheProcessBesideTheTiersIsCounted) {
 }
 
 // Each way is timed on the placement the engine makes for it: a serial step has no
-// speculation spares, so at stage 3 with the optimizer on the device their room goes to
-// the gather window, which keeps more chunks between the forward and the backward and
-// gathers fewer. The candidate's layout, work and memory are those of the way it runs.
+// speculation spares, so at stage 3 with the optimizer on the device it reserves less of
+// the device than the overlapped one, which puts spares in what the gather window leaves
+// (test model: the window keeps 3 chunks in 688128 bytes, each spare takes 98304). The
+// candidate's layout, work and memory are those of the way it runs.
 TEST(Planner, EachWayIsTimedOnItsOwnPlacement) {
-  const std::string budget = "{\"strata\": {\"device_budget\": 740000}}";
+  const std::string budget = "{\"strata\": {\"device_budget\": 1000000}}";
   Result<std::vector<PlanCandidate>> all = PlanWith(budget);
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   const PlanCandidate* device3 = nullptr;
@@ -661,9 +662,37 @@ TEST(Planner, EachWayIsTimedOnItsOwnPlacement) {
   overlapped.strata.overlap = true;
   Result<EngineLayoutInfo> on = Plan(overlapped);
   ASSERT_TRUE(on.ok()) << on.status().ToString();
-  EXPECT_GT(device3->layout.kept_chunks, on->kept_chunks) << "the spares' room keeps chunks";
-  EXPECT_LT(device3->work.comm_bytes, PredictTraffic(overlapped, 1, *on).comm_bytes);
+  EXPECT_EQ(device3->layout.kept_chunks, on->kept_chunks) << "the spares take what the window leaves";
+  EXPECT_EQ(device3->layout.device_need, 688128u);
+  EXPECT_EQ(on->device_need, 688128u + 3 * 98304) << "three spares beside the same window";
   EXPECT_GT(device3->time.overlapped_s, device3->time.serial_s);
+}
+
+// More device budget never keeps fewer chunks between the forward and the backward: with
+// the optimizer on the device the gather window comes before the speculation spares, so
+// a spare only ever takes what a full window leaves. Either way, over a sweep of budgets.
+TEST(Planner, AMoreGenerousDeviceBudgetNeverKeepsFewerChunks) {
+  for (bool overlap : {true, false}) {
+    int kept = 0, planned = 0;
+    uint64_t need = 0;
+    for (uint64_t budget = 600000; budget <= 1400000; budget += 20000) {
+      Config c = MakeConfig({3, "none", "none"}, "{}");
+      c.strata.device_budget = budget;
+      c.strata.overlap = overlap;
+      c.strata.overlap_auto = false;
+      Result<EngineLayoutInfo> l = Plan(c);
+      if (!l.ok()) continue;  // below the fixed needs
+      ++planned;
+      const std::string at = "budget " + std::to_string(budget) + (overlap ? ", overlapped" : ", serial");
+      EXPECT_GE(l->kept_chunks, kept) << at;
+      EXPECT_GE(l->device_need, need) << at;
+      EXPECT_LE(l->device_need, budget) << at;
+      kept = l->kept_chunks;
+      need = l->device_need;
+    }
+    EXPECT_GT(planned, 30);
+    EXPECT_EQ(kept, 3) << "every chunk the keep plan allows is kept at 1.4 MB";
+  }
 }
 
 // Predictions within kTieBand of the fastest are ties; the first choice among them is
