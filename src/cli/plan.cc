@@ -14,6 +14,7 @@
 #include "cli/plan_text.h"
 #include "cli/table.h"
 #include "cli/train_flags.h"
+#include "strata/comm.h"
 #include "strata/units.h"
 #include "tools/planner.h"
 #include "tools/safetensors_plan_model.h"
@@ -157,7 +158,7 @@ std::string Report(const tools::PlanRequest& r, const std::vector<tools::PlanCan
     for (const EngineNeedPart& p : best.layout.need_parts)
       out += "  " + p.tier + ": " + FormatBytes(p.bytes) + "  " + p.what + "\n";
     const tools::ProcessMemory& m = best.process;
-    out += "  process: " + FormatBytes(m.total()) + "  the binary and libraries as loaded (" +
+    out += "  process: " + FormatBytes(m.total()) + "  the binary, libraries and MPI as loaded (" +
            FormatBytes(m.base) + "), the engine's creation scratch (" + FormatBytes(m.creation) + ") and " +
            (m.activations_counted ? "the activations (" + FormatBytes(m.activations) +
                                         ", an upper bound; device memory on a GPU), not pinned\n"
@@ -221,6 +222,28 @@ Status CheckFlags(const PlanFlags& f) {
   return OkStatus();
 }
 
+// The run starts MPI before its engine (Prepare), and MPI's own memory is part of the
+// run's resident set (about 10 MB with OpenMPI here): the plan starts it too before it
+// measures the process, so that the account holds what the run will, and ends it after.
+class WorldForTheAccount {
+ public:
+  WorldForTheAccount() {
+    auto world = InitWorld(CommOptions{"plan"});
+    ThrowIfError(world.status().WithContext("plan: starting MPI as the run will, to count its memory"));
+    world_ = std::move(*world);
+  }
+  ~WorldForTheAccount() {
+    world_.reset();
+    Status st = FinalizeWorld();
+    if (!st.ok()) std::fprintf(stderr, "strata: warning: %s\n", st.ToString().c_str());
+  }
+  WorldForTheAccount(const WorldForTheAccount&) = delete;
+  WorldForTheAccount& operator=(const WorldForTheAccount&) = delete;
+
+ private:
+  std::unique_ptr<Communicator> world_;
+};
+
 void Run(PlanFlags& f) {
   ThrowIfError(CheckFlags(f));
   std::map<std::string, std::string> origin;
@@ -235,6 +258,7 @@ void Run(PlanFlags& f) {
   r.model = BuildPlanModel(f, *config);
   r.world_size = f.world_size;
   r.micro_batch = config->train_micro_batch_size_per_gpu;
+  WorldForTheAccount world;
   r.process_base = tools::CurrentRssBytes();  // before the probes' buffers
   Result<tools::LaneRates> rates = f.profile.empty() ? tools::MeasurePlanRates(r) : LoadProfile(f.profile);
   ThrowIfError(rates.status());

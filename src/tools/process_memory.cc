@@ -54,9 +54,9 @@ ProcessMemory EstimateProcessMemory(uint64_t base, const EngineLayoutInfo& layou
 
 std::string PlanMemoryText(const EngineLayoutInfo& layout, const ProcessMemory& p) {
   return "the plan: device " + FormatBytes(layout.device_need) + " + pinned host " +
-         FormatBytes(layout.host_need) + " + process " + FormatBytes(p.total()) + " (binary and libraries " +
-         FormatBytes(p.base) + ", creation scratch " + FormatBytes(p.creation) + ", activations at most " +
-         FormatBytes(p.activations) + ")";
+         FormatBytes(layout.host_need) + " + process " + FormatBytes(p.total()) +
+         " (binary, libraries and MPI " + FormatBytes(p.base) + ", creation scratch " +
+         FormatBytes(p.creation) + ", activations at most " + FormatBytes(p.activations) + ")";
 }
 
 }  // namespace strata::tools

@@ -24,7 +24,7 @@ bool ResetPeakRss();
 uint64_t CurrentRssBytes();
 
 // The process memory a training run needs beside the engine's device and pinned host
-// needs, as `strata plan` counts it: the binary and libraries as loaded (`base`), the
+// needs, as `strata plan` counts it: the binary, libraries and MPI as loaded (`base`), the
 // engine's creation scratch (a whole fp32 chunk, its compute copy, and one fp32 master |
 // m | v of the elements this rank steps, as InitParams fills them; it also bounds the
 // shard of compute values that streamed shards keep for whole-shard writes, which comes
@@ -43,7 +43,7 @@ struct ProcessMemory {
 ProcessMemory EstimateProcessMemory(uint64_t base, const EngineLayoutInfo& layout, const Config& config,
                                     double activation_bytes_per_sample, int64_t micro_batch);
 
-// "the plan: device D + pinned host H + process P (binary and libraries B, creation
+// "the plan: device D + pinned host H + process P (binary, libraries and MPI B, creation
 // scratch C, activations at most A)", as the training jobs and bench step print it.
 std::string PlanMemoryText(const EngineLayoutInfo& layout, const ProcessMemory& process);
 

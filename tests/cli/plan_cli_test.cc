@@ -74,6 +74,24 @@ TEST_F(PlanCli, JsonRanksWhatFitsFastestFirstWithItsMemoryAndTime) {
   EXPECT_FALSE(std::filesystem::exists(Dir() + "/swap")) << "planning from a profile creates nothing";
 }
 
+// The plan's process base is the process as the run has it: `bench step` (like `train`)
+// starts MPI before it measures its base, and MPI's own memory (about 10 MB with OpenMPI
+// here) was missing from the plan's account until the plan started MPI too.
+TEST_F(PlanCli, TheProcessBaseCountsWhatTheRunStartsBeforeItsEngine) {
+  CliRun plan = RunStrata(Args({"--profile", Profile(), "--json"}));
+  ASSERT_EQ(plan.exit_status, 0) << plan.err;
+  std::vector<std::string> bench = Args({"--steps", "1", "--no-probes", "--json"});
+  bench[0] = "step";
+  bench.insert(bench.begin(), "bench");
+  CliRun run = RunStrata(bench);
+  ASSERT_EQ(run.exit_status, 0) << run.err;
+  const nlohmann::json first = nlohmann::json::parse(plan.out)["candidates"][0];
+  ASSERT_TRUE(first["fits"]) << first.dump();
+  const double planned = first["memory"]["process"]["base"].get<double>();
+  const double measured = nlohmann::json::parse(run.out)["run"]["process_estimate"]["base"].get<double>();
+  EXPECT_NEAR(planned, measured, 3 << 20) << "the plan's base against the run's, in bytes";
+}
+
 TEST_F(PlanCli, TextNamesTheFirstChoiceAndWhyOthersDoNotFit) {
   CliRun r = RunStrata(Args({"--profile", Profile()}));
   ASSERT_EQ(r.exit_status, 0) << r.err;
