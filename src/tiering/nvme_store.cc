@@ -29,8 +29,8 @@ struct NvmeStore::Impl {
     std::atomic<bool> write_failed{false};
   };
   struct Segment {
-    int file;          // index into files / file_ids
-    uint64_t offset;   // in that file
+    int file;         // index into files / file_ids
+    uint64_t offset;  // in that file
     uint64_t length;
     uint64_t in_slot;  // offset inside the slot
   };
@@ -59,10 +59,30 @@ struct NvmeStore::Impl {
       uint64_t s = a / stripe;
       uint64_t b = std::min(end, (s + 1) * stripe);
       if (a < cut_at) b = std::min(b, cut_at);
-      out.push_back(Segment{int(s % n), (s / n) * stripe + a % stripe, b - a, a - uint64_t(slot) * slot_size});
+      out.push_back(
+          Segment{int(s % n), (s / n) * stripe + a % stripe, b - a, a - uint64_t(slot) * slot_size});
       a = b;
     }
   }
+
+  // CheckSlot, and the slot holds a complete write.
+  Status CheckReadable(SlotId slot, const char* op) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      STRATA_RETURN_IF_ERROR(CheckSlot(slot, op));
+    }
+    if (!meta[slot].valid) {
+      return FailedPreconditionError(std::string("NvmeStore::") + op + ": slot " + std::to_string(slot) +
+                                     " holds no complete data (never written, or its last write failed)");
+    }
+    return OkStatus();
+  }
+
+  // Reads `segs` (segment `first_index` of the write onward) into `buffer`, which
+  // receives the byte at `offset` in the slot at its start; each segment's checksum is
+  // verified as it lands.
+  Result<IoHandle> SubmitRead(SlotId slot, char* buffer, uint64_t offset, std::vector<Segment> segs,
+                              size_t first_index, IoPriority priority);
 
   Status CheckSlot(SlotId slot, const char* op) const {
     if (closed) return FailedPreconditionError(std::string("NvmeStore::") + op + " after Close");
@@ -107,12 +127,14 @@ Status ZeroFill(IoEngine& engine, const std::vector<int>& ids, uint64_t file_siz
 
 Result<std::unique_ptr<NvmeStore>> NvmeStore::Open(IoEngine& engine, const NvmeStoreOptions& o) {
   const uint64_t align = engine.options().alignment;
-  if (o.paths.empty()) return InvalidArgumentError("NvmeStore: no swap path given (zero_optimization.*.nvme_path)");
+  if (o.paths.empty())
+    return InvalidArgumentError("NvmeStore: no swap path given (zero_optimization.*.nvme_path)");
   if (o.slot_size == 0 || o.slot_count == 0) {
     return InvalidArgumentError("NvmeStore: slot_size and slot_count must be positive (got " +
                                 std::to_string(o.slot_size) + ", " + std::to_string(o.slot_count) + ")");
   }
-  if (o.slot_count > (1ull << 31)) return InvalidArgumentError("NvmeStore: slot_count " + std::to_string(o.slot_count) + " too large");
+  if (o.slot_count > (1ull << 31))
+    return InvalidArgumentError("NvmeStore: slot_count " + std::to_string(o.slot_count) + " too large");
   auto impl = std::make_unique<Impl>();
   impl->engine = &engine;
   impl->opt = o;
@@ -126,7 +148,8 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::Open(IoEngine& engine, const NvmeS
   const uint64_t total = impl->slot_size * o.slot_count;
   const uint64_t stripes = (total + impl->stripe - 1) / impl->stripe;
   impl->file_size = (stripes + n - 1) / n * impl->stripe;
-  impl->max_segs = static_cast<uint32_t>(impl->slot_size / impl->stripe + 3);  // + an unaligned start, a prefix cut
+  impl->max_segs =
+      static_cast<uint32_t>(impl->slot_size / impl->stripe + 3);  // + an unaligned start, a prefix cut
 
   STRATA_RETURN_IF_ERROR(impl->dirs.Acquire(o.paths, o.name));
   // On failure below, impl's destructor releases the directories and removes the files.
@@ -145,8 +168,8 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::Open(IoEngine& engine, const NvmeS
   if (o.checksum) m.sums = std::make_unique<uint64_t[]>(o.slot_count * m.max_segs);
   for (uint64_t i = o.slot_count; i > 0; --i) m.free_list.push_back(static_cast<SlotId>(i - 1));
   if (o.prepare == SwapPrepare::kZeroFill) STRATA_RETURN_IF_ERROR(ZeroFill(engine, m.file_ids, m.file_size));
-  STRATA_LOG(kInfo, "nvme") << "swap: " << o.slot_count << " slots of " << FormatBytes(m.slot_size) << " over "
-                            << n << " file(s) of " << FormatBytes(m.file_size) << ", stripe "
+  STRATA_LOG(kInfo, "nvme") << "swap: " << o.slot_count << " slots of " << FormatBytes(m.slot_size)
+                            << " over " << n << " file(s) of " << FormatBytes(m.file_size) << ", stripe "
                             << FormatBytes(m.stripe) << ", checksums " << (o.checksum ? "on" : "off");
   return store;
 }
@@ -190,8 +213,8 @@ Result<IoHandle> NvmeStore::Write(SlotId slot, const void* buffer, uint64_t leng
   const uint64_t align = m.engine->options().alignment;
   if (prefix >= length || prefix % align != 0) {
     return InvalidArgumentError("NvmeStore::Write: prefix " + std::to_string(prefix) +
-                                " must be 0 or a multiple of " + std::to_string(align) + " below the length " +
-                                std::to_string(length));
+                                " must be 0 or a multiple of " + std::to_string(align) +
+                                " below the length " + std::to_string(length));
   }
   std::vector<Impl::Segment> segs;
   m.Segments(slot, length, prefix, segs);
@@ -212,8 +235,10 @@ Result<IoHandle> NvmeStore::Write(SlotId slot, const void* buffer, uint64_t leng
   // Hashing after each segment's write overlaps it with the other segments' I/O; the
   // caller does not touch the buffer before the handle completes.
   auto cb = [impl, &meta, sums, reqs_copy = reqs](size_t i, const Status& st) -> Status {
-    if (!st.ok()) meta.write_failed = true;
-    else if (sums) sums[i] = XXH3_64bits(reqs_copy[i].buffer, reqs_copy[i].length);
+    if (!st.ok())
+      meta.write_failed = true;
+    else if (sums)
+      sums[i] = XXH3_64bits(reqs_copy[i].buffer, reqs_copy[i].length);
     if (meta.segs_left.fetch_sub(1) == 1) {
       meta.valid = !meta.write_failed.load();
       impl->inflight.fetch_sub(1);
@@ -226,17 +251,44 @@ Result<IoHandle> NvmeStore::Write(SlotId slot, const void* buffer, uint64_t leng
   return h;
 }
 
+Result<IoHandle> NvmeStore::Impl::SubmitRead(SlotId slot, char* buffer, uint64_t offset,
+                                             std::vector<Segment> segs, size_t first_index,
+                                             IoPriority priority) {
+  std::vector<IoRequest> reqs;
+  reqs.reserve(segs.size());
+  for (const auto& s : segs) {
+    reqs.push_back(
+        {IoOp::kRead, file_ids[s.file], s.offset, s.length, buffer + (s.in_slot - offset), priority});
+  }
+  const uint64_t* slot_sums = sums ? &sums[uint64_t(slot) * max_segs + first_index] : nullptr;
+  auto left = std::make_shared<std::atomic<uint32_t>>(static_cast<uint32_t>(segs.size()));
+  auto cb = [this, slot_sums, slot, first_index, left, segs = std::move(segs), reqs_copy = reqs](
+                size_t i, const Status& st) -> Status {
+    Status verdict;
+    if (st.ok() && slot_sums) {
+      uint64_t h = XXH3_64bits(reqs_copy[i].buffer, reqs_copy[i].length);
+      if (h != slot_sums[i]) {
+        const auto& s = segs[i];
+        verdict =
+            CorruptionError("NvmeStore: checksum mismatch in slot " + std::to_string(slot) + ", segment " +
+                            std::to_string(first_index + i) + " (" + dirs.swap_files()[s.file] + ", offset " +
+                            std::to_string(s.offset) + ", " + std::to_string(s.length) +
+                            " bytes): the swap file was modified or the device returned bad data");
+      }
+    }
+    if (left->fetch_sub(1) == 1) inflight.fetch_sub(1);
+    return verdict;
+  };
+  inflight.fetch_add(1);
+  Result<IoHandle> h = engine->Submit(reqs, std::move(cb));
+  if (!h.ok()) inflight.fetch_sub(1);
+  return h;
+}
+
 Result<IoHandle> NvmeStore::Read(SlotId slot, void* buffer, uint64_t length, IoPriority priority) {
   Impl& m = *impl_;
-  {
-    std::lock_guard<std::mutex> lock(m.mu);
-    STRATA_RETURN_IF_ERROR(m.CheckSlot(slot, "Read"));
-  }
-  Impl::SlotMeta& meta = m.meta[slot];
-  if (!meta.valid) {
-    return FailedPreconditionError("NvmeStore::Read: slot " + std::to_string(slot) +
-                                   " holds no complete data (never written, or its last write failed)");
-  }
+  STRATA_RETURN_IF_ERROR(m.CheckReadable(slot, "Read"));
+  const Impl::SlotMeta& meta = m.meta[slot];
   if (length != meta.written && (meta.prefix == 0 || length != meta.prefix)) {
     return InvalidArgumentError("NvmeStore::Read: slot " + std::to_string(slot) + " holds " +
                                 std::to_string(meta.written) + " bytes" +
@@ -246,34 +298,42 @@ Result<IoHandle> NvmeStore::Read(SlotId slot, void* buffer, uint64_t length, IoP
   std::vector<Impl::Segment> segs;
   // The write's cuts: the first segments of a prefix read are then the write's own.
   m.Segments(slot, length, meta.prefix, segs);
-  std::vector<IoRequest> reqs;
-  reqs.reserve(segs.size());
-  for (const auto& s : segs) {
-    reqs.push_back(
-        {IoOp::kRead, m.file_ids[s.file], s.offset, s.length, static_cast<char*>(buffer) + s.in_slot, priority});
+  return m.SubmitRead(slot, static_cast<char*>(buffer), 0, std::move(segs), 0, priority);
+}
+
+Result<IoHandle> NvmeStore::ReadRange(SlotId slot, void* buffer, uint64_t offset, uint64_t length,
+                                      IoPriority priority) {
+  Impl& m = *impl_;
+  STRATA_RETURN_IF_ERROR(m.CheckReadable(slot, "ReadRange"));
+  const Impl::SlotMeta& meta = m.meta[slot];
+  std::vector<Impl::Segment> all;
+  m.Segments(slot, meta.written, meta.prefix, all);
+  auto first =
+      std::find_if(all.begin(), all.end(), [&](const Impl::Segment& s) { return s.in_slot == offset; });
+  auto last = std::find_if(first, all.end(),
+                           [&](const Impl::Segment& s) { return s.in_slot + s.length == offset + length; });
+  if (length == 0 || first == all.end() || last == all.end()) {
+    return InvalidArgumentError("NvmeStore::ReadRange: slot " + std::to_string(slot) + ", bytes " +
+                                std::to_string(offset) + ".." + std::to_string(offset + length) +
+                                ": both ends must be segment boundaries of the " +
+                                std::to_string(meta.written) + "-byte write (multiples of the stripe, " +
+                                std::to_string(m.stripe) + " bytes, its prefix or its end)");
   }
-  const uint64_t* sums = m.sums ? &m.sums[uint64_t(slot) * m.max_segs] : nullptr;
-  auto* impl = &m;
-  auto left = std::make_shared<std::atomic<uint32_t>>(static_cast<uint32_t>(segs.size()));
-  auto cb = [impl, sums, slot, left, segs = std::move(segs), reqs_copy = reqs](size_t i, const Status& st) -> Status {
-    Status verdict;
-    if (st.ok() && sums) {
-      uint64_t h = XXH3_64bits(reqs_copy[i].buffer, reqs_copy[i].length);
-      if (h != sums[i]) {
-        const auto& s = segs[i];
-        verdict = CorruptionError("NvmeStore: checksum mismatch in slot " + std::to_string(slot) + ", segment " +
-                                  std::to_string(i) + " (" + impl->dirs.swap_files()[s.file] + ", offset " +
-                                  std::to_string(s.offset) + ", " + std::to_string(s.length) +
-                                  " bytes): the swap file was modified or the device returned bad data");
-      }
-    }
-    if (left->fetch_sub(1) == 1) impl->inflight.fetch_sub(1);
-    return verdict;
-  };
-  m.inflight.fetch_add(1);
-  Result<IoHandle> h = m.engine->Submit(reqs, std::move(cb));
-  if (!h.ok()) m.inflight.fetch_sub(1);
-  return h;
+  std::vector<Impl::Segment> segs(first, last + 1);
+  return m.SubmitRead(slot, static_cast<char*>(buffer), offset, std::move(segs),
+                      static_cast<size_t>(first - all.begin()), priority);
+}
+
+uint64_t NvmeStore::SegmentBoundaryAtOrAfter(SlotId slot, uint64_t offset) const {
+  const Impl& m = *impl_;
+  if (slot >= m.opt.slot_count || !m.meta[slot].valid) return 0;
+  const Impl::SlotMeta& meta = m.meta[slot];
+  std::vector<Impl::Segment> segs;
+  m.Segments(slot, meta.written, meta.prefix, segs);
+  for (const Impl::Segment& s : segs) {
+    if (s.in_slot >= offset) return s.in_slot;
+  }
+  return meta.written;
 }
 
 Status NvmeStore::Close() {

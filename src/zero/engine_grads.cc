@@ -12,11 +12,14 @@
 //
 // Accumulation over micro-batches reads the shard back, adds, and writes it again on
 // the comm worker, in submission order; every reduction of a chunk after its first in
-// the window costs one read and one write per shard. The writes before the last
+// the window costs one read and one write per shard. The read goes in a few ranges at
+// once, and each is added as it lands, so that the adds overlap the rest of the read
+// instead of following all of it (the disk would otherwise idle through them). The writes before the last
 // micro-batch's go behind (grad_writes): the backward goes on while they land, and the
 // next micro-batch's read of the slot waits for its write.
 #include <algorithm>
 #include <chrono>
+#include <vector>
 
 #include "strata/grad_stats.h"
 #include "strata/log.h"
@@ -86,16 +89,7 @@ Status Engine::Impl::AccumulateGradOnNvme(int chunk, const float* part, bool fir
   if (first_in_window) {
     st = CopyToHost(buf, part, bytes);
   } else {
-    const int64_t t0 = NowNs();
-    const auto span_start = std::chrono::steady_clock::now();
-    auto rd = grad_store->Read(o.grad_slot, buf, grad_slot_bytes);
-    st = rd.ok() ? rd->Wait() : rd.status();
-    io_busy_ns += NowNs() - t0;
-    Span(track_nvme, "read grad chunk " + std::to_string(chunk), span_start, grad_slot_bytes);
-    if (st.ok()) {
-      bytes_nvme_read += grad_slot_bytes;
-      st = AccumulateToHost(buf, part);
-    }
+    st = ReadAndAccumulateGrad(chunk, buf, part);
   }
   if (st.ok() && last_micro_batch) {
     // The global norm and the overflow flag need every shard; take this one's part now,
@@ -149,6 +143,42 @@ Status Engine::Impl::AccumulateGradOnNvme(int chunk, const float* part, bool fir
     return OkStatus();
   }
   return finish();
+}
+
+Status Engine::Impl::ReadAndAccumulateGrad(int chunk, float* buf, const float* part) {
+  const SlotId slot = opt[chunk].grad_slot;
+  // Each range ends on a checksum segment's boundary, so that it is verified on its own.
+  const uint64_t range = (grad_slot_bytes + zero::kGradReadRanges - 1) / zero::kGradReadRanges;
+  struct Pending {
+    IoHandle read;
+    uint64_t offset, bytes;
+  };
+  std::vector<Pending> reads;
+  Status st;
+  const auto span_start = std::chrono::steady_clock::now();
+  for (uint64_t off = 0, end = 0; off < grad_slot_bytes; off = end) {
+    end =
+        std::max(off + 1, std::min(grad_slot_bytes, grad_store->SegmentBoundaryAtOrAfter(slot, off + range)));
+    auto rd = grad_store->ReadRange(slot, reinterpret_cast<char*>(buf) + off, off, end - off);
+    if (!rd.ok()) {
+      st = rd.status();
+      break;
+    }
+    reads.push_back({*rd, off, end - off});
+  }
+  for (Pending& r : reads) {
+    const int64_t t0 = NowNs();
+    Status landed = r.read.Wait();
+    io_busy_ns += NowNs() - t0;
+    if (st.ok()) st = landed;
+    if (!st.ok()) continue;
+    bytes_nvme_read += r.bytes;
+    // Its floats (the shard's opt_elems; the slot's tail past them is padding).
+    const uint64_t lo = r.offset / 4, hi = std::min<uint64_t>(opt_elems, (r.offset + r.bytes) / 4);
+    if (lo < hi) st = AccumulateToHost(buf + lo, part + lo, static_cast<int64_t>(hi - lo));
+  }
+  Span(track_nvme, "read grad chunk " + std::to_string(chunk), span_start, grad_slot_bytes);
+  return st;
 }
 
 Status Engine::Impl::AccumulateGradPieces(int chunk, const float* part, bool first_in_window,

@@ -42,6 +42,8 @@ inline constexpr int kStreamPieces = 4;
 // out and two on the way back (the piece stepped and the next).
 inline constexpr int kGradWritePieces = 4;
 inline constexpr int kGradReadPieces = 2;
+// Ranges a gradient shard is read back in to be accumulated (engine_grads.cc).
+inline constexpr int kGradReadRanges = 4;
 // Streamed shards whose compute values are not the master (bf16 or fp16 on NVMe, or
 // parameters in host or device memory): the step's new values go to the shard a piece at
 // a time (to NVMe behind) through this many pinned pieces.

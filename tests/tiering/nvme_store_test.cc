@@ -178,6 +178,105 @@ TEST_P(NvmeStoreTest, PrefixReadDetectsCorruptionInsideItOnly) {
   EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
 }
 
+// Ranges of a slot read back on their own, several in flight at once, each into the
+// start of its buffer; their ends must be segment boundaries of the write.
+TEST_P(NvmeStoreTest, RangesReadBackOnTheirOwnAtSegmentBoundaries) {
+  auto store = Open(Opts(2, 4 * kStripe, 2));
+  ASSERT_TRUE(store);
+  SlotId s = *store->Allocate();
+  const uint64_t len = 3 * kStripe + 8192, prefix = kStripe + 4096;
+  auto w = Alloc(len), r = Alloc(len);
+  Fill(w.get(), len, 11);
+  ASSERT_TRUE(store->Write(s, w.get(), len, prefix)->Wait().ok());
+  // Every boundary of this write: 0, the prefix cut, the stripes, the end.
+  const std::vector<uint64_t> cuts = {0, kStripe, prefix, 2 * kStripe, 3 * kStripe, len};
+  std::memset(r.get(), 0, len);
+  std::vector<IoHandle> reads;
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    auto h = store->ReadRange(s, r.get() + cuts[i], cuts[i], cuts[i + 1] - cuts[i]);
+    ASSERT_TRUE(h.ok()) << cuts[i] << ": " << h.status().ToString();
+    reads.push_back(*h);
+  }
+  for (IoHandle& h : reads) EXPECT_TRUE(h.Wait().ok());
+  EXPECT_EQ(std::memcmp(w.get(), r.get(), len), 0);
+  // One range across several segments lands at the start of its buffer.
+  std::memset(r.get(), 0, len);
+  ASSERT_TRUE(store->ReadRange(s, r.get(), prefix, 3 * kStripe - prefix)->Wait().ok());
+  EXPECT_EQ(std::memcmp(w.get() + prefix, r.get(), 3 * kStripe - prefix), 0);
+  for (auto [offset, length] : {std::pair<uint64_t, uint64_t>{4096, kStripe - 4096},
+                                {0, kStripe + 8192},
+                                {2 * kStripe, len},
+                                {kStripe, 0}}) {
+    Status st = store->ReadRange(s, r.get(), offset, length).status();
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << offset << "+" << length;
+    EXPECT_NE(st.message().find("segment boundaries"), std::string::npos) << st.message();
+  }
+  SlotId never = *store->Allocate();
+  EXPECT_EQ(store->ReadRange(never, r.get(), 0, kStripe).status().code(), StatusCode::kFailedPrecondition);
+}
+
+// A slot need not start on a stripe: its segment boundaries are its own, and
+// SegmentBoundaryAtOrAfter says where they are.
+TEST_P(NvmeStoreTest, RangesOfASlotOffTheStripeEndOnItsOwnBoundaries) {
+  const uint64_t slot_size = 2 * kStripe + 12288;  // slot 1 starts 12 KiB into a stripe
+  auto store = Open(Opts(2, slot_size, 2));
+  ASSERT_TRUE(store);
+  SlotId first = *store->Allocate(), s = *store->Allocate();
+  ASSERT_EQ(first, 0u);
+  auto w = Alloc(slot_size), r = Alloc(slot_size);
+  Fill(w.get(), slot_size, 23);
+  EXPECT_EQ(store->SegmentBoundaryAtOrAfter(s, 0), 0u) << "nothing written yet";
+  ASSERT_TRUE(store->Write(s, w.get(), slot_size)->Wait().ok());
+  const uint64_t shift = kStripe - 12288;  // slot 1's first stripe boundary
+  EXPECT_EQ(store->SegmentBoundaryAtOrAfter(s, 0), 0u);
+  EXPECT_EQ(store->SegmentBoundaryAtOrAfter(s, 1), shift);
+  EXPECT_EQ(store->SegmentBoundaryAtOrAfter(s, shift + 1), shift + kStripe);
+  EXPECT_EQ(store->SegmentBoundaryAtOrAfter(s, shift + kStripe + 1), slot_size);
+  EXPECT_EQ(store->SegmentBoundaryAtOrAfter(s, slot_size + 4096), slot_size);
+  std::memset(r.get(), 0, slot_size);
+  std::vector<IoHandle> reads;
+  for (uint64_t off = 0, end = 0; off < slot_size; off = end) {
+    end = store->SegmentBoundaryAtOrAfter(s, off + 1);
+    auto h = store->ReadRange(s, r.get() + off, off, end - off);
+    ASSERT_TRUE(h.ok()) << off << ": " << h.status().ToString();
+    reads.push_back(*h);
+  }
+  EXPECT_EQ(reads.size(), 3u);
+  for (IoHandle& h : reads) EXPECT_TRUE(h.Wait().ok());
+  EXPECT_EQ(std::memcmp(w.get(), r.get(), slot_size), 0);
+  EXPECT_EQ(store->ReadRange(s, r.get(), kStripe, kStripe).status().code(), StatusCode::kInvalidArgument)
+      << "a stripe multiple of the slot is not a boundary of this slot";
+}
+
+// A flipped byte fails the range that holds it, naming its segment of the write and
+// its file offset, and no other range.
+TEST_P(NvmeStoreTest, RangeReadDetectsCorruptionInsideItOnly) {
+  auto store = Open(Opts(1, 4 * kStripe, 1));
+  ASSERT_TRUE(store);
+  SlotId s = *store->Allocate();
+  const uint64_t len = 4 * kStripe;
+  auto w = Alloc(len), r = Alloc(len);
+  Fill(w.get(), len, 5);
+  ASSERT_TRUE(store->Write(s, w.get(), len)->Wait().ok());
+  {
+    int fd = ::open(store->files()[0].c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    char c = 0;
+    ASSERT_EQ(::pread(fd, &c, 1, 2 * kStripe + 100), 1);
+    c ^= 0x5a;
+    ASSERT_EQ(::pwrite(fd, &c, 1, 2 * kStripe + 100), 1);
+    ::fsync(fd);
+    ::close(fd);
+  }
+  EXPECT_TRUE(store->ReadRange(s, r.get(), 0, 2 * kStripe)->Wait().ok());
+  EXPECT_TRUE(store->ReadRange(s, r.get(), 3 * kStripe, kStripe)->Wait().ok());
+  Status st = store->ReadRange(s, r.get(), kStripe, 2 * kStripe)->Wait();
+  ASSERT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+  EXPECT_NE(st.message().find("segment 2 ("), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("offset " + std::to_string(2 * kStripe) + ","), std::string::npos)
+      << st.message();
+}
+
 TEST_P(NvmeStoreTest, SpeculativeTwoSlotUpdate) {
   auto store = Open(Opts(1, 128 << 10, 2));
   ASSERT_TRUE(store);
@@ -292,7 +391,8 @@ TEST_P(NvmeStoreTest, ZeroFillPrepare) {
   EXPECT_EQ(std::memcmp(w.get(), r.get(), kStripe), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, NvmeStoreTest, ::testing::Values(IoBackendKind::kIoUring, IoBackendKind::kPsync),
+INSTANTIATE_TEST_SUITE_P(Backends, NvmeStoreTest,
+                         ::testing::Values(IoBackendKind::kIoUring, IoBackendKind::kPsync),
                          testing_io::BackendParamName);
 
 class NvmeStoreFilesTest : public NvmeStoreTest {};
@@ -374,7 +474,8 @@ TEST_P(NvmeStoreFilesTest, SwapOwnedByAnotherLiveProcessIsRefused) {
   ASSERT_EQ(::read(ready[0], &c, 1), 1);
   auto s = NvmeStore::Open(*engine_, Opts(1, kStripe, 2));
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.status().message().find("pid " + std::to_string(child)), std::string::npos) << s.status().message();
+  EXPECT_NE(s.status().message().find("pid " + std::to_string(child)), std::string::npos)
+      << s.status().message();
   ASSERT_EQ(::write(release[1], "x", 1), 1);
   int status = 0;
   ::waitpid(child, &status, 0);
