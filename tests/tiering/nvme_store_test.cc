@@ -24,6 +24,19 @@ using testing_io::Fill;
 
 constexpr uint64_t kStripe = 64 << 10;
 
+// XORs the byte at `offset` of `path` behind the store's back (through the page cache:
+// the store's O_DIRECT reads see it once it is synced).
+void FlipByte(const std::string& path, uint64_t offset) {
+  int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << path;
+  char c = 0;
+  ASSERT_EQ(::pread(fd, &c, 1, static_cast<off_t>(offset)), 1);
+  c ^= 0x5a;
+  ASSERT_EQ(::pwrite(fd, &c, 1, static_cast<off_t>(offset)), 1);
+  ::fsync(fd);
+  ::close(fd);
+}
+
 class NvmeStoreTest : public ::testing::TestWithParam<IoBackendKind> {
  protected:
   void SetUp() override {
@@ -158,16 +171,7 @@ TEST_P(NvmeStoreTest, PrefixReadDetectsCorruptionInsideItOnly) {
   const uint64_t len = 2 * kStripe, prefix = kStripe / 2;
   auto w = Alloc(len), r = Alloc(len);
   Fill(w.get(), len, 3);
-  auto flip = [&](uint64_t offset) {
-    int fd = ::open(store->files()[0].c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    char c = 0;
-    ASSERT_EQ(::pread(fd, &c, 1, offset), 1);
-    c ^= 0x5a;
-    ASSERT_EQ(::pwrite(fd, &c, 1, offset), 1);
-    ::fsync(fd);
-    ::close(fd);
-  };
+  auto flip = [&](uint64_t offset) { FlipByte(store->files()[0], offset); };
   ASSERT_TRUE(store->Write(s, w.get(), len, prefix)->Wait().ok());
   flip(prefix + 10);  // in the first stripe, after the cut
   EXPECT_TRUE(store->Read(s, r.get(), prefix)->Wait().ok());
@@ -258,16 +262,7 @@ TEST_P(NvmeStoreTest, RangeReadDetectsCorruptionInsideItOnly) {
   auto w = Alloc(len), r = Alloc(len);
   Fill(w.get(), len, 5);
   ASSERT_TRUE(store->Write(s, w.get(), len)->Wait().ok());
-  {
-    int fd = ::open(store->files()[0].c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    char c = 0;
-    ASSERT_EQ(::pread(fd, &c, 1, 2 * kStripe + 100), 1);
-    c ^= 0x5a;
-    ASSERT_EQ(::pwrite(fd, &c, 1, 2 * kStripe + 100), 1);
-    ::fsync(fd);
-    ::close(fd);
-  }
+  FlipByte(store->files()[0], 2 * kStripe + 100);
   EXPECT_TRUE(store->ReadRange(s, r.get(), 0, 2 * kStripe)->Wait().ok());
   EXPECT_TRUE(store->ReadRange(s, r.get(), 3 * kStripe, kStripe)->Wait().ok());
   Status st = store->ReadRange(s, r.get(), kStripe, 2 * kStripe)->Wait();
@@ -314,16 +309,7 @@ TEST_P(NvmeStoreTest, CorruptedSwapFileIsCorruptionNamingPathSlotOffset) {
   ASSERT_TRUE(store->Write(s0, w.get(), 4 * kStripe)->Wait().ok());
   ASSERT_TRUE(store->Write(s1, w.get(), 4 * kStripe)->Wait().ok());
   // Slot 1 = stripes 4..7; stripe 5 is in file 1 at offset 2 * stripe. Flip a byte there.
-  {
-    int fd = ::open(store->files()[1].c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    char c = 0;
-    ASSERT_EQ(::pread(fd, &c, 1, 2 * kStripe + 100), 1);
-    c ^= 0x5a;
-    ASSERT_EQ(::pwrite(fd, &c, 1, 2 * kStripe + 100), 1);
-    ::fsync(fd);
-    ::close(fd);
-  }
+  FlipByte(store->files()[1], 2 * kStripe + 100);
   ASSERT_TRUE(store->Read(s0, r.get(), 4 * kStripe)->Wait().ok());
   Status st = store->Read(s1, r.get(), 4 * kStripe)->Wait();
   EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
