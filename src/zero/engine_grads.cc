@@ -14,9 +14,9 @@
 // the comm worker, in submission order; every reduction of a chunk after its first in
 // the window costs one read and one write per shard. The read goes in a few ranges at
 // once, and each is added as it lands, so that the adds overlap the rest of the read
-// instead of following all of it (the disk would otherwise idle through them). The writes before the last
-// micro-batch's go behind (grad_writes): the backward goes on while they land, and the
-// next micro-batch's read of the slot waits for its write.
+// instead of following all of it (the disk would otherwise idle through them). The
+// writes before the last micro-batch's go behind (grad_writes): the backward goes on
+// while they land, and the next micro-batch's read of the slot waits for its write.
 #include <algorithm>
 #include <chrono>
 #include <vector>
