@@ -94,19 +94,19 @@ class NvmeStore {
   // normal I/O (IoPriority).
   Result<IoHandle> Read(SlotId slot, void* buffer, uint64_t length,
                         IoPriority priority = IoPriority::kNormal);
-  // Reads bytes [offset, offset + length) of what the last successful Write stored into
-  // the start of `buffer`, verifying the checksum segments they span. Both ends must be
-  // segment boundaries of that Write (multiples of stripe_size(), its prefix, or its
-  // end), so that each range is verified whole; InvalidArgument otherwise. Several
-  // ranges of one slot may be in flight at once (a caller can use the first while the
-  // rest are read).
-  Result<IoHandle> ReadRange(SlotId slot, void* buffer, uint64_t offset, uint64_t length,
-                             IoPriority priority = IoPriority::kNormal);
-  // The first segment boundary of `slot`'s last complete write at or after `offset`
-  // (its written length past the last): where a ReadRange may end. Slots need not start
-  // on a stripe, so the boundaries are the slot's own. 0 for a slot holding no complete
-  // write.
-  uint64_t SegmentBoundaryAtOrAfter(SlotId slot, uint64_t offset) const;
+  // Reads back all that the last successful Write stored, as Read with its whole length
+  // does, in at most `ranges` parts, all submitted at once in slot order: the caller can
+  // use the first part while the rest are read. Each part is a run of whole checksum
+  // segments, verified on its own, ending on the first segment boundary at least
+  // length / ranges past its start. On a submit error it waits for the parts already
+  // submitted and returns the error. InvalidArgument for ranges < 1; FailedPrecondition
+  // as Read.
+  struct Range {
+    IoHandle read;
+    uint64_t offset = 0, length = 0;  // in the slot, and so in `buffer`
+  };
+  Result<std::vector<Range>> ReadInRanges(SlotId slot, void* buffer, int ranges,
+                                          IoPriority priority = IoPriority::kNormal);
 
   // Removes the swap and lock files. Refused (FailedPrecondition) with I/O in flight.
   // Idempotent.

@@ -78,11 +78,11 @@ struct NvmeStore::Impl {
     return OkStatus();
   }
 
-  // Reads `segs` (segment `first_index` of the write onward) into `buffer`, which
-  // receives the byte at `offset` in the slot at its start; each segment's checksum is
-  // verified as it lands.
-  Result<IoHandle> SubmitRead(SlotId slot, char* buffer, uint64_t offset, std::vector<Segment> segs,
-                              size_t first_index, IoPriority priority);
+  // Reads `segs` (segment `first_index` of the write onward) into `buffer`, which holds
+  // the slot's bytes at their offsets in it; each segment's checksum is verified as it
+  // lands.
+  Result<IoHandle> SubmitRead(SlotId slot, char* buffer, std::vector<Segment> segs, size_t first_index,
+                              IoPriority priority);
 
   Status CheckSlot(SlotId slot, const char* op) const {
     if (closed) return FailedPreconditionError(std::string("NvmeStore::") + op + " after Close");
@@ -251,14 +251,12 @@ Result<IoHandle> NvmeStore::Write(SlotId slot, const void* buffer, uint64_t leng
   return h;
 }
 
-Result<IoHandle> NvmeStore::Impl::SubmitRead(SlotId slot, char* buffer, uint64_t offset,
-                                             std::vector<Segment> segs, size_t first_index,
-                                             IoPriority priority) {
+Result<IoHandle> NvmeStore::Impl::SubmitRead(SlotId slot, char* buffer, std::vector<Segment> segs,
+                                             size_t first_index, IoPriority priority) {
   std::vector<IoRequest> reqs;
   reqs.reserve(segs.size());
   for (const auto& s : segs) {
-    reqs.push_back(
-        {IoOp::kRead, file_ids[s.file], s.offset, s.length, buffer + (s.in_slot - offset), priority});
+    reqs.push_back({IoOp::kRead, file_ids[s.file], s.offset, s.length, buffer + s.in_slot, priority});
   }
   const uint64_t* slot_sums = sums ? &sums[uint64_t(slot) * max_segs + first_index] : nullptr;
   auto left = std::make_shared<std::atomic<uint32_t>>(static_cast<uint32_t>(segs.size()));
@@ -298,42 +296,37 @@ Result<IoHandle> NvmeStore::Read(SlotId slot, void* buffer, uint64_t length, IoP
   std::vector<Impl::Segment> segs;
   // The write's cuts: the first segments of a prefix read are then the write's own.
   m.Segments(slot, length, meta.prefix, segs);
-  return m.SubmitRead(slot, static_cast<char*>(buffer), 0, std::move(segs), 0, priority);
+  return m.SubmitRead(slot, static_cast<char*>(buffer), std::move(segs), 0, priority);
 }
 
-Result<IoHandle> NvmeStore::ReadRange(SlotId slot, void* buffer, uint64_t offset, uint64_t length,
-                                      IoPriority priority) {
+Result<std::vector<NvmeStore::Range>> NvmeStore::ReadInRanges(SlotId slot, void* buffer, int ranges,
+                                                              IoPriority priority) {
   Impl& m = *impl_;
-  STRATA_RETURN_IF_ERROR(m.CheckReadable(slot, "ReadRange"));
+  if (ranges < 1) {
+    return InvalidArgumentError("NvmeStore::ReadInRanges: " + std::to_string(ranges) +
+                                " ranges; give at least 1");
+  }
+  STRATA_RETURN_IF_ERROR(m.CheckReadable(slot, "ReadInRanges"));
   const Impl::SlotMeta& meta = m.meta[slot];
   std::vector<Impl::Segment> all;
   m.Segments(slot, meta.written, meta.prefix, all);
-  auto first =
-      std::find_if(all.begin(), all.end(), [&](const Impl::Segment& s) { return s.in_slot == offset; });
-  auto last = std::find_if(first, all.end(),
-                           [&](const Impl::Segment& s) { return s.in_slot + s.length == offset + length; });
-  if (length == 0 || first == all.end() || last == all.end()) {
-    return InvalidArgumentError("NvmeStore::ReadRange: slot " + std::to_string(slot) + ", bytes " +
-                                std::to_string(offset) + ".." + std::to_string(offset + length) +
-                                ": both ends must be segment boundaries of the " +
-                                std::to_string(meta.written) + "-byte write (multiples of the stripe, " +
-                                std::to_string(m.stripe) + " bytes, its prefix or its end)");
+  const uint64_t target = (meta.written + ranges - 1) / ranges;
+  std::vector<Range> out;
+  size_t first = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const uint64_t end = all[i].in_slot + all[i].length;
+    if (end < all[first].in_slot + target && i + 1 < all.size()) continue;
+    Result<IoHandle> h =
+        m.SubmitRead(slot, static_cast<char*>(buffer),
+                     std::vector<Impl::Segment>(all.begin() + first, all.begin() + i + 1), first, priority);
+    if (!h.ok()) {
+      for (Range& r : out) r.read.Wait().IgnoreError();  // nothing in flight on `buffer` on return
+      return h.status();
+    }
+    out.push_back({*h, all[first].in_slot, end - all[first].in_slot});
+    first = i + 1;
   }
-  std::vector<Impl::Segment> segs(first, last + 1);
-  return m.SubmitRead(slot, static_cast<char*>(buffer), offset, std::move(segs),
-                      static_cast<size_t>(first - all.begin()), priority);
-}
-
-uint64_t NvmeStore::SegmentBoundaryAtOrAfter(SlotId slot, uint64_t offset) const {
-  const Impl& m = *impl_;
-  if (slot >= m.opt.slot_count || !m.meta[slot].valid) return 0;
-  const Impl::SlotMeta& meta = m.meta[slot];
-  std::vector<Impl::Segment> segs;
-  m.Segments(slot, meta.written, meta.prefix, segs);
-  for (const Impl::Segment& s : segs) {
-    if (s.in_slot >= offset) return s.in_slot;
-  }
-  return meta.written;
+  return out;
 }
 
 Status NvmeStore::Close() {

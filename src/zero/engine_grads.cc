@@ -146,35 +146,19 @@ Status Engine::Impl::AccumulateGradOnNvme(int chunk, const float* part, bool fir
 }
 
 Status Engine::Impl::ReadAndAccumulateGrad(int chunk, float* buf, const float* part) {
-  const SlotId slot = opt[chunk].grad_slot;
-  // Each range ends on a checksum segment's boundary, so that it is verified on its own.
-  const uint64_t range = (grad_slot_bytes + zero::kGradReadRanges - 1) / zero::kGradReadRanges;
-  struct Pending {
-    IoHandle read;
-    uint64_t offset, bytes;
-  };
-  std::vector<Pending> reads;
-  Status st;
   const auto span_start = std::chrono::steady_clock::now();
-  for (uint64_t off = 0, end = 0; off < grad_slot_bytes; off = end) {
-    end =
-        std::max(off + 1, std::min(grad_slot_bytes, grad_store->SegmentBoundaryAtOrAfter(slot, off + range)));
-    auto rd = grad_store->ReadRange(slot, reinterpret_cast<char*>(buf) + off, off, end - off);
-    if (!rd.ok()) {
-      st = rd.status();
-      break;
-    }
-    reads.push_back({*rd, off, end - off});
-  }
-  for (Pending& r : reads) {
+  STRATA_ASSIGN_OR_RETURN(std::vector<NvmeStore::Range> reads,
+                          grad_store->ReadInRanges(opt[chunk].grad_slot, buf, zero::kGradReadRanges));
+  Status st;
+  for (NvmeStore::Range& r : reads) {
     const int64_t t0 = NowNs();
-    Status landed = r.read.Wait();
+    Status landed = r.read.Wait();  // every one, also after an error: `buf` goes back after
     io_busy_ns += NowNs() - t0;
     if (st.ok()) st = landed;
     if (!st.ok()) continue;
-    bytes_nvme_read += r.bytes;
+    bytes_nvme_read += r.length;
     // Its floats (the shard's opt_elems; the slot's tail past them is padding).
-    const uint64_t lo = r.offset / 4, hi = std::min<uint64_t>(opt_elems, (r.offset + r.bytes) / 4);
+    const uint64_t lo = r.offset / 4, hi = std::min<uint64_t>(opt_elems, (r.offset + r.length) / 4);
     if (lo < hi) st = AccumulateToHost(buf + lo, part + lo, static_cast<int64_t>(hi - lo));
   }
   Span(track_nvme, "read grad chunk " + std::to_string(chunk), span_start, grad_slot_bytes);

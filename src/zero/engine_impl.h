@@ -462,8 +462,8 @@ struct Engine::Impl {
   // the last micro-batch, records its stats and starts its speculative step.
   Status AccumulateGradOnNvme(int chunk, const float* part, bool first_in_window, bool last_micro_batch);
   // Reads the chunk's shard from grad_store into `buf` in kGradReadRanges ranges, all in
-  // flight at once, and adds `part` to each range as it lands. Waits for every read it
-  // issued, also on an error (`buf` is then free to go back).
+  // flight at once (NvmeStore::ReadInRanges), and adds `part` to each range as it lands.
+  // Waits for every read, also on an error (`buf` is then free to go back).
   Status ReadAndAccumulateGrad(int chunk, float* buf, const float* part);
   // A grad_host buffer for the comm worker: one its finished writes gave back, or the
   // oldest write's once it is on disk, before waiting for another thread's Give.

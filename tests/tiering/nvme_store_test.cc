@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "tiering/io_fault.h"
 #include "tiering/io_test_util.h"
@@ -182,9 +183,10 @@ TEST_P(NvmeStoreTest, PrefixReadDetectsCorruptionInsideItOnly) {
   EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
 }
 
-// Ranges of a slot read back on their own, several in flight at once, each into the
-// start of its buffer; their ends must be segment boundaries of the write.
-TEST_P(NvmeStoreTest, RangesReadBackOnTheirOwnAtSegmentBoundaries) {
+// ReadInRanges reads the whole write back in parts, all in flight at once, each a run of
+// whole segments (cut also at the prefix): they tile the slot in order and never number
+// more than asked; with more asked than there are segments, one per segment.
+TEST_P(NvmeStoreTest, RangesTileTheWriteAtItsSegmentBoundaries) {
   auto store = Open(Opts(2, 4 * kStripe, 2));
   ASSERT_TRUE(store);
   SlotId s = *store->Allocate();
@@ -192,35 +194,36 @@ TEST_P(NvmeStoreTest, RangesReadBackOnTheirOwnAtSegmentBoundaries) {
   auto w = Alloc(len), r = Alloc(len);
   Fill(w.get(), len, 11);
   ASSERT_TRUE(store->Write(s, w.get(), len, prefix)->Wait().ok());
-  // Every boundary of this write: 0, the prefix cut, the stripes, the end.
-  const std::vector<uint64_t> cuts = {0, kStripe, prefix, 2 * kStripe, 3 * kStripe, len};
-  std::memset(r.get(), 0, len);
-  std::vector<IoHandle> reads;
-  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
-    auto h = store->ReadRange(s, r.get() + cuts[i], cuts[i], cuts[i + 1] - cuts[i]);
-    ASSERT_TRUE(h.ok()) << cuts[i] << ": " << h.status().ToString();
-    reads.push_back(*h);
+  // Every boundary of this write: 0, the stripes, the prefix cut, the end.
+  const std::set<uint64_t> cuts = {0, kStripe, prefix, 2 * kStripe, 3 * kStripe, len};
+  for (int asked : {1, 2, 3, 5, 100}) {
+    std::memset(r.get(), 0, len);
+    auto ranges = store->ReadInRanges(s, r.get(), asked);
+    ASSERT_TRUE(ranges.ok()) << asked << ": " << ranges.status().ToString();
+    EXPECT_GE(ranges->size(), 1u) << asked;
+    EXPECT_LE(ranges->size(), static_cast<size_t>(asked));
+    if (asked == 1 || asked == 100) {
+      EXPECT_EQ(ranges->size(), asked == 1 ? 1u : cuts.size() - 1) << asked;
+    }
+    uint64_t next = 0;
+    for (NvmeStore::Range& range : *ranges) {
+      EXPECT_TRUE(range.read.Wait().ok());
+      EXPECT_EQ(range.offset, next) << asked;
+      EXPECT_TRUE(cuts.count(range.offset + range.length))
+          << asked << ": ends at " << range.offset + range.length;
+      next = range.offset + range.length;
+    }
+    EXPECT_EQ(next, len) << asked;
+    EXPECT_EQ(std::memcmp(w.get(), r.get(), len), 0) << asked;
   }
-  for (IoHandle& h : reads) EXPECT_TRUE(h.Wait().ok());
-  EXPECT_EQ(std::memcmp(w.get(), r.get(), len), 0);
-  // One range across several segments lands at the start of its buffer.
-  std::memset(r.get(), 0, len);
-  ASSERT_TRUE(store->ReadRange(s, r.get(), prefix, 3 * kStripe - prefix)->Wait().ok());
-  EXPECT_EQ(std::memcmp(w.get() + prefix, r.get(), 3 * kStripe - prefix), 0);
-  for (auto [offset, length] : {std::pair<uint64_t, uint64_t>{4096, kStripe - 4096},
-                                {0, kStripe + 8192},
-                                {2 * kStripe, len},
-                                {kStripe, 0}}) {
-    Status st = store->ReadRange(s, r.get(), offset, length).status();
-    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << offset << "+" << length;
-    EXPECT_NE(st.message().find("segment boundaries"), std::string::npos) << st.message();
-  }
+  Status none = store->ReadInRanges(s, r.get(), 0).status();
+  EXPECT_EQ(none.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(none.message().find("at least 1"), std::string::npos) << none.message();
   SlotId never = *store->Allocate();
-  EXPECT_EQ(store->ReadRange(never, r.get(), 0, kStripe).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store->ReadInRanges(never, r.get(), 2).status().code(), StatusCode::kFailedPrecondition);
 }
 
-// A slot need not start on a stripe: its segment boundaries are its own, and
-// SegmentBoundaryAtOrAfter says where they are.
+// A slot need not start on a stripe: its parts end on its own segment boundaries.
 TEST_P(NvmeStoreTest, RangesOfASlotOffTheStripeEndOnItsOwnBoundaries) {
   const uint64_t slot_size = 2 * kStripe + 12288;  // slot 1 starts 12 KiB into a stripe
   auto store = Open(Opts(2, slot_size, 2));
@@ -229,31 +232,22 @@ TEST_P(NvmeStoreTest, RangesOfASlotOffTheStripeEndOnItsOwnBoundaries) {
   ASSERT_EQ(first, 0u);
   auto w = Alloc(slot_size), r = Alloc(slot_size);
   Fill(w.get(), slot_size, 23);
-  EXPECT_EQ(store->SegmentBoundaryAtOrAfter(s, 0), 0u) << "nothing written yet";
   ASSERT_TRUE(store->Write(s, w.get(), slot_size)->Wait().ok());
-  const uint64_t shift = kStripe - 12288;  // slot 1's first stripe boundary
-  EXPECT_EQ(store->SegmentBoundaryAtOrAfter(s, 0), 0u);
-  EXPECT_EQ(store->SegmentBoundaryAtOrAfter(s, 1), shift);
-  EXPECT_EQ(store->SegmentBoundaryAtOrAfter(s, shift + 1), shift + kStripe);
-  EXPECT_EQ(store->SegmentBoundaryAtOrAfter(s, shift + kStripe + 1), slot_size);
-  EXPECT_EQ(store->SegmentBoundaryAtOrAfter(s, slot_size + 4096), slot_size);
   std::memset(r.get(), 0, slot_size);
-  std::vector<IoHandle> reads;
-  for (uint64_t off = 0, end = 0; off < slot_size; off = end) {
-    end = store->SegmentBoundaryAtOrAfter(s, off + 1);
-    auto h = store->ReadRange(s, r.get() + off, off, end - off);
-    ASSERT_TRUE(h.ok()) << off << ": " << h.status().ToString();
-    reads.push_back(*h);
+  auto ranges = store->ReadInRanges(s, r.get(), 8);
+  ASSERT_TRUE(ranges.ok()) << ranges.status().ToString();
+  const uint64_t shift = kStripe - 12288;  // slot 1's first stripe boundary
+  std::vector<uint64_t> offsets;
+  for (NvmeStore::Range& range : *ranges) {
+    EXPECT_TRUE(range.read.Wait().ok());
+    offsets.push_back(range.offset);
   }
-  EXPECT_EQ(reads.size(), 3u);
-  for (IoHandle& h : reads) EXPECT_TRUE(h.Wait().ok());
+  EXPECT_EQ(offsets, (std::vector<uint64_t>{0, shift, shift + kStripe}));
   EXPECT_EQ(std::memcmp(w.get(), r.get(), slot_size), 0);
-  EXPECT_EQ(store->ReadRange(s, r.get(), kStripe, kStripe).status().code(), StatusCode::kInvalidArgument)
-      << "a stripe multiple of the slot is not a boundary of this slot";
 }
 
-// A flipped byte fails the range that holds it, naming its segment of the write and
-// its file offset, and no other range.
+// A flipped byte fails the part that holds it, naming its segment of the write and its
+// file offset, and no other part.
 TEST_P(NvmeStoreTest, RangeReadDetectsCorruptionInsideItOnly) {
   auto store = Open(Opts(1, 4 * kStripe, 1));
   ASSERT_TRUE(store);
@@ -263,13 +257,20 @@ TEST_P(NvmeStoreTest, RangeReadDetectsCorruptionInsideItOnly) {
   Fill(w.get(), len, 5);
   ASSERT_TRUE(store->Write(s, w.get(), len)->Wait().ok());
   FlipByte(store->files()[0], 2 * kStripe + 100);
-  EXPECT_TRUE(store->ReadRange(s, r.get(), 0, 2 * kStripe)->Wait().ok());
-  EXPECT_TRUE(store->ReadRange(s, r.get(), 3 * kStripe, kStripe)->Wait().ok());
-  Status st = store->ReadRange(s, r.get(), kStripe, 2 * kStripe)->Wait();
-  ASSERT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
-  EXPECT_NE(st.message().find("segment 2 ("), std::string::npos) << st.message();
-  EXPECT_NE(st.message().find("offset " + std::to_string(2 * kStripe) + ","), std::string::npos)
-      << st.message();
+  auto ranges = store->ReadInRanges(s, r.get(), 4);
+  ASSERT_TRUE(ranges.ok()) << ranges.status().ToString();
+  ASSERT_EQ(ranges->size(), 4u);
+  for (size_t k = 0; k < 4; ++k) {
+    Status st = (*ranges)[k].read.Wait();
+    if (k != 2) {
+      EXPECT_TRUE(st.ok()) << k << ": " << st.ToString();
+      continue;
+    }
+    ASSERT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+    EXPECT_NE(st.message().find("segment 2 ("), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("offset " + std::to_string(2 * kStripe) + ","), std::string::npos)
+        << st.message();
+  }
 }
 
 TEST_P(NvmeStoreTest, SpeculativeTwoSlotUpdate) {
