@@ -310,6 +310,7 @@ struct Engine::Impl {
   uint64_t opt_set_bytes = 0;         // master | m | v of one piece: a staging set, one NVMe slot
   uint64_t grad_slot_bytes = 0;       // one gradient shard, 4 KiB aligned
   int opt_staging_count = 0;
+  int param_staging_count = 0;  // parameter staging buffers (the plan's)
 
   // Stage 3: which chunks are gathered on the device, and when (param_gatherer.h); made
   // with the layout, configured once memory is. Other stages only time modules with it.

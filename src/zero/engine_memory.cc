@@ -105,6 +105,7 @@ void Engine::Impl::TakePlan(const zero::EnginePlan& plan) {
   grad_buffers = plan.grad_buffers;
   opt_staging_count = plan.opt_staging_count;
   grad_host_count = plan.grad_host_count;
+  param_staging_count = plan.param_staging;
   param_stage_bytes = plan.param_stage_bytes;
   stream_pieces = plan.stream_pieces;
   stream_grads = plan.stream_grads;
@@ -273,17 +274,14 @@ Status Engine::Impl::AllocateShards(const zero::EnginePlan& plan) {
     }
   }
   // Streamed compute values go out in pieces; staging is for the gathers from NVMe only.
-  const bool staging = !(StreamsCompute() && param_tier != ZeroTier::kNvme);
   for (int i = 0; StreamsCompute() && param_tier != ZeroTier::kNvme && i < zero::kStreamWritePieces; ++i) {
     STRATA_ASSIGN_OR_RETURN(
         void* p, HostAlloc(piece_shape.SlotBytes(csize), "parameter pieces on their way from the optimizer"));
     out_pieces.Add(p);
   }
-  if (staging && (stage == 3 || opt_tier != ZeroTier::kDevice)) {
-    for (int i = 0; i < zero::kParamStaging; ++i) {
-      STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(param_stage_bytes, "parameter staging"));
-      param_staging.Add(p);
-    }
+  for (int i = 0; i < param_staging_count; ++i) {
+    STRATA_ASSIGN_OR_RETURN(void* p, HostAlloc(param_stage_bytes, "parameter staging"));
+    param_staging.Add(p);
   }
   return OkStatus();
 }

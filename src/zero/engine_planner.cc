@@ -189,7 +189,9 @@ void EnginePlanner::PlanHostNeedAs(bool stream, bool stream_grads) {
   // Streamed with the parameters off NVMe: no gather needs staging, and the step's values
   // go out in pieces (below).
   const bool staging = !(stream && param_tier_ != ZeroTier::kNvme);
+  out_.param_staging = 0;
   if (staging && (stage_ == 3 || opt_tier_ != ZeroTier::kDevice)) {
+    out_.param_staging = kParamStaging;
     h.Add(stream ? Part("staging for " + std::to_string(kParamStaging) + " gathers of " + dt +
                             " parameters, streamed " + std::to_string(kStreamPieces) + " pieces at a time",
                         kParamStaging * out_.param_stage_bytes, NeedScale::kFixed,

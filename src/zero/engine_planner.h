@@ -27,6 +27,13 @@ namespace strata::zero {
 // Pinned buffers for compute values on their way between the optimizer, the device and
 // the parameter tier (one per worker that may hold one at a time, plus one).
 inline constexpr int kParamStaging = 3;
+// Stage 3 reading whole shards from NVMe: the fetch window the staging buffers are sized
+// for where the host budget has room, in modules. A gather is read into a staging
+// buffer, so the buffers bound how far ahead the gathers run (gather_plan.h); three
+// modules is the depth PrefetchDepth asks for when a gather takes up to twice a
+// module's compute. Beyond kParamStaging only where a module spans several chunks (a
+// GPT block's half spans two of them: three buffers hold one module ahead).
+inline constexpr int kFetchWindowModules = 3;
 // Stage 3, optimizer and parameters on NVMe: buffers for the updated shards on their way
 // to NVMe; the last ones filled stay as the next forward's fresh copies.
 inline constexpr int kOut16Staging = 2;
@@ -99,6 +106,7 @@ struct EnginePlan {
   int spares = 0;             // speculation spares
   int opt_staging_count = 0;  // NVMe optimizer staging sets
   int grad_host_count = 0;    // pinned gradient shards on their way to NVMe
+  int param_staging = 0;      // stage 3: parameter staging buffers, kParamStaging and more
   // Stage 3: pinned bytes of each parameter staging buffer (a shard, or two halves of
   // stream_pieces pieces); stream_pieces 0: whole shards (kStreamPieces).
   uint64_t param_stage_bytes = 0;
@@ -152,6 +160,10 @@ class EnginePlanner {
   // `room` holds; the chunks the forward needs first. Returns the pinned bytes the auto
   // mode adds.
   uint64_t PlanParamResidency(uint64_t room);
+  // Stage 3 reading whole parameter shards from NVMe: the staging buffers beyond the
+  // fixed kParamStaging that kFetchWindowModules modules want, as `room` pinned bytes
+  // allow (0 otherwise).
+  int ExtraParamStaging(uint64_t room) const;
   // Auto strata.param_on_device: as many of the shards still on disk as `room` device
   // bytes hold, the next ones the forward needs; returns the device bytes added.
   uint64_t PlanParamDevice(uint64_t room);

@@ -27,11 +27,29 @@ Layout Chunks() {
   return *l;
 }
 
+// Modules of three quarters of a chunk, in tensors of a quarter: every module but the
+// first straddles two chunks, as a GPT block's halves do (12 chunks).
+Layout StraddlingModules() {
+  ModelDecl m;
+  for (int i = 0; i < 2 * kChunks; ++i) {
+    ModuleDecl mod{"m" + std::to_string(i), {}};
+    for (int t = 0; t < 3; ++t) {
+      mod.tensors.push_back(static_cast<TensorId>(m.tensors.size()));
+      m.tensors.push_back({"w" + std::to_string(m.tensors.size()), {kChunkElems / 4}, std::nullopt});
+    }
+    m.modules.push_back(std::move(mod));
+  }
+  auto l = MakeLayout(m, kChunkElems * 4, 1);
+  EXPECT_TRUE(l.ok()) << l.status().ToString();
+  return *l;
+}
+
 struct Case {
   Config config;
   Layout layout = Chunks();
   Trace trace = Trace::Assumed(kChunks);
   uint64_t device = 1ull << 40, host = 1ull << 40;
+  DType compute = DType::kF32;
 
   Case(int stage, OffloadDevice opt) {
     config.zero.stage = stage;
@@ -48,8 +66,10 @@ struct Case {
     f.opt_tier = config.zero.offload_optimizer.device == OffloadDevice::kNvme  ? ZeroTier::kNvme
                  : config.zero.offload_optimizer.device == OffloadDevice::kCpu ? ZeroTier::kHost
                                                                                : ZeroTier::kDevice;
-    f.param_tier = ZeroTier::kDevice;
+    f.param_tier =
+        config.zero.offload_param.device == OffloadDevice::kNvme ? ZeroTier::kNvme : ZeroTier::kDevice;
     f.opt_elems = layout.chunk_elems;
+    f.compute = compute;
     f.device_budget = {device, "the test's device budget", "raise it"};
     const uint64_t host_bytes = host;
     f.host_budget = [host_bytes](bool) {
@@ -127,6 +147,68 @@ TEST(EnginePlanner, HostRoomKeepsMoreNvmeOptimizerChunksResidentAndOffDisk) {
     last_nvme = p->nvme_need;
   }
   EXPECT_GT(last_resident, 0);
+}
+
+// Stage 3 with both on NVMe over modules that straddle two chunks.
+Case BothOnNvme() {
+  Case c(3, OffloadDevice::kNvme);
+  c.layout = StraddlingModules();
+  c.trace = Trace::Assumed(c.layout.num_modules());
+  c.config.zero.offload_param.device = OffloadDevice::kNvme;
+  c.config.strata.optimizer_resident = 0;
+  return c;
+}
+
+TEST(EnginePlanner, ParameterStagingHoldsThreeModulesAheadAsTheHostRoomAllows) {
+  Case c = BothOnNvme();
+  auto roomy = c.Plan();
+  ASSERT_TRUE(roomy.ok()) << roomy.status().ToString();
+  ASSERT_EQ(roomy->max_module_chunks, 2u);
+  ASSERT_TRUE(roomy->param_from_master);
+  EXPECT_EQ(roomy->param_staging, 2 * kFetchWindowModules);
+  EXPECT_EQ(roomy->gather.max_prefetch_modules, kFetchWindowModules);
+  // Room for one buffer beyond the fixed ones (and the other extras, which come after).
+  const uint64_t buffer = roomy->param_stage_bytes;
+  c.host = roomy->host.Total() + buffer;
+  auto one = c.Plan();
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(one->param_staging, kParamStaging + 1);
+  EXPECT_EQ(one->gather.max_prefetch_modules, (kParamStaging + 1) / 2);
+  EXPECT_EQ(one->host_need, c.host);
+  c.host = roomy->host.Total() + buffer - 1;
+  auto none = c.Plan();
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_EQ(none->param_staging, kParamStaging);
+  EXPECT_LE(none->host_need, c.host);
+}
+
+TEST(EnginePlanner, NoExtraParameterStagingWhereNoShardIsReadFromDisk) {
+  Case c = BothOnNvme();
+  c.config.strata.optimizer_resident = -1;  // auto: the room keeps every chunk resident
+  auto p = c.Plan();
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(std::count(p->opt_resident.begin(), p->opt_resident.end(), 1), c.layout.num_chunks);
+  EXPECT_EQ(p->param_staging, kParamStaging);
+  // bf16 shards in a swap of their own: the room keeps every one in memory, unless
+  // strata.param_resident says otherwise.
+  Case swapped = BothOnNvme();
+  swapped.compute = DType::kBf16;
+  auto s = swapped.Plan();
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_FALSE(s->param_from_master);
+  EXPECT_EQ(s->param_resident_chunks, swapped.layout.num_chunks);
+  EXPECT_EQ(s->param_staging, kParamStaging);
+  swapped.config.strata.param_resident = 0;
+  s = swapped.Plan();
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->param_staging, 2 * kFetchWindowModules);
+  // One chunk per module: the fixed buffers already hold three modules ahead.
+  Case one = BothOnNvme();
+  one.layout = Chunks();
+  one.trace = Trace::Assumed(kChunks);
+  auto q = one.Plan();
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_EQ(q->param_staging, kParamStaging);
 }
 
 }  // namespace
