@@ -55,6 +55,8 @@ model::TokenFile OpenTokens(const std::string& path, const char* what) {
   return std::move(*f);
 }
 
+uint64_t TokenBytes(const model::TokenFile& f) { return static_cast<uint64_t>(f.size()) * f.token_width(); }
+
 void PrintSummary(const GptTrainJob& job, const EngineLayoutInfo& l, const model::TokenFile& train,
                   const model::TokenFile& val, int world_size) {
   const model::GptSpec& m = job.model;
@@ -244,7 +246,10 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
     setup->engine.reset();  // closes the stores: their swap and lock files go
     return EndFailedRun(status, guard);
   }
-  // Every rank measures the products at once, sharing the cores as training did.
+  // The engine goes first: the matrices of the products' probe then take memory it freed
+  // instead of adding to the run's peak. Every rank measures them at once, sharing the
+  // cores as training did.
+  setup->engine.reset();
   const nlohmann::json throughput =
       GptThroughput(job.model, job.seq, job.config.train_micro_batch_size_per_gpu, world.size(), loop.steps);
   if (rank0 && !throughput.empty()) log.Write({{"throughput", throughput}});
@@ -263,7 +268,8 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
     std::printf("%s\n", ThroughputLine(throughput).c_str());
     std::printf("%s\n", MemoryAccountLine(layout, job.config, base_rss,
                                           tools::GptActivationBytes(job.model, job.seq,
-                                                                    job.config.activation_checkpointing))
+                                                                    job.config.activation_checkpointing),
+                                          TokenBytes(train) + TokenBytes(val))
                             .c_str());
   }
   return 0;

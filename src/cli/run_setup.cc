@@ -213,10 +213,11 @@ std::string StepProgress::Line(int step, double loss, double lr, double seconds,
 }
 
 std::string MemoryAccountLine(const EngineLayoutInfo& l, const Config& c, uint64_t base_rss,
-                              double activation_bytes_per_sample) {
+                              double activation_bytes_per_sample, uint64_t data_bytes) {
   const bool sim = c.strata.device != DeviceKind::kCuda;
-  const tools::ProcessMemory p = tools::EstimateProcessMemory(base_rss, l, c, activation_bytes_per_sample,
-                                                              c.train_micro_batch_size_per_gpu);
+  tools::ProcessMemory p = tools::EstimateProcessMemory(base_rss, l, c, activation_bytes_per_sample,
+                                                        c.train_micro_batch_size_per_gpu);
+  p.data = data_bytes;
   return "memory: peak RSS " + FormatBytes(tools::PeakRssBytes()) + "; " + tools::PlanMemoryText(l, p) +
          (sim ? "; the sim device's memory is in the RSS"
               : "; device memory and the activations are not in the RSS");

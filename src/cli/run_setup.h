@@ -56,9 +56,10 @@ class StepProgress {
 // RSS; the rest is the process: activations, batches, the binary)".
 // `base_rss`: the process's resident set before the engine was made; activation bytes a
 // sample keeps (tools/plan_model.h). Beside the peak RSS: the plan's device, pinned host
-// and process figures (tools/process_memory.h).
+// and process figures (tools/process_memory.h); `data_bytes`: the token files the job
+// maps (ProcessMemory::data).
 std::string MemoryAccountLine(const EngineLayoutInfo& layout, const Config& config, uint64_t base_rss,
-                              double activation_bytes_per_sample);
+                              double activation_bytes_per_sample, uint64_t data_bytes = 0);
 
 // The unwinding after a failed training call: an interrupt's message and exit status
 // (returned), else the failure thrown as CliError, prefixed by the peers that vanished.

@@ -56,7 +56,8 @@ std::string PlanMemoryText(const EngineLayoutInfo& layout, const ProcessMemory& 
   return "the plan: device " + FormatBytes(layout.device_need) + " + pinned host " +
          FormatBytes(layout.host_need) + " + process " + FormatBytes(p.total()) +
          " (binary, libraries and MPI " + FormatBytes(p.base) + ", creation scratch " +
-         FormatBytes(p.creation) + ", activations at most " + FormatBytes(p.activations) + ")";
+         FormatBytes(p.creation) + ", activations at most " + FormatBytes(p.activations) +
+         (p.data > 0 ? ", data files " + FormatBytes(p.data) : "") + ")";
 }
 
 }  // namespace strata::tools

@@ -34,17 +34,21 @@ struct ProcessMemory {
   uint64_t base = 0;
   uint64_t creation = 0;
   uint64_t activations = 0;
+  // The token files a training job maps (strata train's GPT): opening one checks every
+  // id, which leaves the whole file resident.
+  uint64_t data = 0;
   // false: the model's activations are unknown (PlanModel::activations_counted), so
   // `activations` is 0 and the total leaves them out; reports say so.
   bool activations_counted = true;
-  uint64_t total() const { return base + creation + activations; }
+  uint64_t total() const { return base + creation + activations + data; }
 };
 // `layout`: the engine's plan under `config`.
 ProcessMemory EstimateProcessMemory(uint64_t base, const EngineLayoutInfo& layout, const Config& config,
                                     double activation_bytes_per_sample, int64_t micro_batch);
 
 // "the plan: device D + pinned host H + process P (binary, libraries and MPI B, creation
-// scratch C, activations at most A)", as the training jobs and bench step print it.
+// scratch C, activations at most A[, data files F])", as the training jobs and bench step
+// print it.
 std::string PlanMemoryText(const EngineLayoutInfo& layout, const ProcessMemory& process);
 
 }  // namespace strata::tools

@@ -109,6 +109,15 @@ TEST_F(GptTrainCli, PrintsStepsValidationAndSampleAndLogsEachLine) {
   EXPECT_EQ(throughput["gemm_shape"], "[64 x 16] x [16 x 64]");  // micro-batch 4 x seq 16, n_embd 16
   EXPECT_EQ(train_steps, (std::vector<int>{1, 2, 3}));
   EXPECT_EQ(val_steps, (std::vector<int>{0, 2, 3}));
+  // The memory line counts the token files, which opening them reads whole: their bytes
+  // less the headers, to FormatBytes's three digits.
+  std::smatch data_files;
+  ASSERT_TRUE(std::regex_search(r.out, data_files, std::regex(R"(data files ([0-9.]+) (B|KiB|MiB)\))")))
+      << r.out;
+  const double unit = data_files[2] == "MiB" ? 1 << 20 : data_files[2] == "KiB" ? 1 << 10 : 1;
+  const double files =
+      static_cast<double>(fs::file_size(data_ + "/train.tokens") + fs::file_size(data_ + "/val.tokens"));
+  EXPECT_NEAR(std::stod(data_files[1]) * unit, files, 0.01 * files + 256) << r.out;
   // The optimizer state is resident (the default host budget holds it), so there may
   // have been no swap at all; any that was is gone.
   if (fs::exists(swap_)) {
