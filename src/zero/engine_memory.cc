@@ -77,7 +77,7 @@ Status Engine::Impl::PlanLayout(zero::EnginePlan& plan) {
                                << ", nvme " << FormatBytes(info.nvme_need) << "; spares " << plan.spares
                                << ", resident optimizer chunks " << info.optimizer_resident_chunks
                                << ", staging sets " << opt_staging_count << " of " << piece_shape.pieces
-                               << " piece(s) per chunk"
+                               << " piece(s) per chunk, parameter staging " << param_staging_count
                                << ", gather buffers " << gather_plan.buffers << " (prefetch up to "
                                << gather_plan.max_prefetch_modules << " modules, " << info.kept_chunks
                                << " chunks kept from forward to backward, " << info.carried_chunks
