@@ -121,6 +121,8 @@ class TokenFile {
   int64_t vocab() const { return vocab_; }
   int64_t size() const { return count_; }  // tokens
   uint32_t token_width() const { return width_; }
+  // The tokens' bytes, the header left out: what stays resident once the file is read.
+  uint64_t token_bytes() const { return static_cast<uint64_t>(count_) * width_; }
   // Token i; requires 0 <= i < size().
   int32_t token(int64_t i) const;
   // Tokens [start, start + len) into out; requires the range inside [0, size()).

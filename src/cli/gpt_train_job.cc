@@ -55,8 +55,6 @@ model::TokenFile OpenTokens(const std::string& path, const char* what) {
   return std::move(*f);
 }
 
-uint64_t TokenBytes(const model::TokenFile& f) { return static_cast<uint64_t>(f.size()) * f.token_width(); }
-
 void PrintSummary(const GptTrainJob& job, const EngineLayoutInfo& l, const model::TokenFile& train,
                   const model::TokenFile& val, int world_size) {
   const model::GptSpec& m = job.model;
@@ -269,7 +267,7 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
     std::printf("%s\n", MemoryAccountLine(layout, job.config, base_rss,
                                           tools::GptActivationBytes(job.model, job.seq,
                                                                     job.config.activation_checkpointing),
-                                          TokenBytes(train) + TokenBytes(val))
+                                          train.token_bytes() + val.token_bytes())
                             .c_str());
   }
   return 0;

@@ -159,7 +159,8 @@ std::string Report(const tools::PlanRequest& r, const std::vector<tools::PlanCan
       out += "  " + p.tier + ": " + FormatBytes(p.bytes) + "  " + p.what + "\n";
     const tools::ProcessMemory& m = best.process;
     out += "  process: " + FormatBytes(m.total()) + "  the binary, libraries and MPI as loaded (" +
-           FormatBytes(m.base) + "), the engine's creation scratch (" + FormatBytes(m.creation) + ") and " +
+           FormatBytes(m.base) + "), the engine's creation scratch (" + FormatBytes(m.creation) + "), " +
+           (m.data > 0 ? "the token files (" + FormatBytes(m.data) + "), " : "") + "and " +
            (m.activations_counted ? "the activations (" + FormatBytes(m.activations) +
                                         ", an upper bound; device memory on a GPU), not pinned\n"
                                   : "not the activations (not counted), not pinned\n");
@@ -190,6 +191,9 @@ tools::PlanModel BuildPlanModel(const PlanFlags& p, const Config& config) {
     auto spec = GptSpecFromFlags(f.gpt, train->vocab(), config.seed);
     ThrowIfError(spec.status());
     m = tools::GptPlanModel(*spec, f.gpt.seq, paths->train, config.activation_checkpointing);
+    auto val = model::TokenFile::Open(paths->val);
+    ThrowIfError(val.status().WithContext("validation data"));
+    if (m.ok()) m->data_bytes = train->token_bytes() + val->token_bytes();
   }
   ThrowIfError(m.status());
   return *m;

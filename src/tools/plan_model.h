@@ -42,6 +42,9 @@ struct PlanModel {
   // false: the model has no forward code to count them from (a safetensors header); the
   // plan reports them as not counted, not as zero.
   bool activations_counted = true;
+  // The token files a training run maps and reads whole (the GPT's training and
+  // validation files; ProcessMemory::data); 0 for a model without them.
+  uint64_t data_bytes = 0;
   // Non-empty: how the compute time is estimated where it is not timed on the model
   // itself ("estimated, not measured: 6 flops per parameter per token, ...").
   std::string compute_basis;

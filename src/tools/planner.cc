@@ -106,6 +106,7 @@ Result<PlanCandidate> Evaluate(const Planning& g, PlanCandidate p) {
   p.process = EstimateProcessMemory(g.process_base, p.layout, p.config, g.r.model.activation_bytes_per_sample,
                                     g.r.micro_batch);
   p.process.activations_counted = g.r.model.activations_counted;
+  p.process.data = g.r.model.data_bytes;
   p.predicted_s = p.config.strata.overlap ? p.time.overlapped_s : p.time.serial_s;
   p.critical_lane = p.config.strata.overlap ? p.time.critical : "serial";
   return p;
@@ -250,6 +251,7 @@ nlohmann::json ToJson(const PlanCandidate& c) {
                    {"creation", c.process.creation},
                    {"activations", c.process.activations_counted ? nlohmann::json(c.process.activations)
                                                                  : nlohmann::json(nullptr)},
+                   {"data", c.process.data},
                    {"total", c.process.total()}}}};
   j["layout"] = {{"params", l.num_params},
                  {"chunks", l.num_chunks},

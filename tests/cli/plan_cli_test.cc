@@ -247,6 +247,12 @@ TEST_F(PlanCli, PlansTheGptOfStrataTrainsFlags) {
   EXPECT_NE(j["model"].get<std::string>().find("2 layers, n_embd 64"), std::string::npos) << j["model"];
   EXPECT_EQ(j["micro_batch"], 8) << "the GPT's default micro-batch, as strata train";
   EXPECT_TRUE(j["candidates"][0]["fits"]);
+  // The token files the run will map and read whole are in the process's account.
+  const nlohmann::json& process = j["candidates"][0]["memory"]["process"];
+  EXPECT_GT(process["data"].get<uint64_t>(), 0u) << process;
+  EXPECT_EQ(process["total"].get<uint64_t>(),
+            process["base"].get<uint64_t>() + process["creation"].get<uint64_t>() +
+                process["activations"].get<uint64_t>() + process["data"].get<uint64_t>());
   CliRun mlp_flag = RunStrata({"plan", "--params", "2M", "--profile", Profile()});
   EXPECT_NE(mlp_flag.exit_status, 0);
   EXPECT_NE(mlp_flag.err.find("--params"), std::string::npos) << mlp_flag.err;
