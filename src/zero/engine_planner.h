@@ -160,6 +160,13 @@ class EnginePlanner {
   // `room` holds; the chunks the forward needs first. Returns the pinned bytes the auto
   // mode adds.
   uint64_t PlanParamResidency(uint64_t room);
+  // With a parameter swap: the shards strata.param_on_device keeps on the device (an
+  // explicit share; the auto one comes later, PlanParamDevice) and strata.param_resident
+  // in host memory (explicit, or as many as `room` pinned bytes hold).
+  struct KeptShards {
+    int device = 0, host = 0;
+  };
+  KeptShards KeptParamShards(uint64_t room) const;
   // Stage 3 reading whole parameter shards from NVMe: the staging buffers beyond the
   // fixed kParamStaging that kFetchWindowModules modules want, as `room` pinned bytes
   // allow (0 otherwise).

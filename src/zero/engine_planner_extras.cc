@@ -22,13 +22,8 @@ void EnginePlanner::PlanExtras() {
   int staging = ExtraParamStaging(host_room());
   auto staging_bytes = [&] { return staging * out_.param_stage_bytes; };
   if (staging > 0 && ParamsSwapped()) {
-    const int n = static_cast<int>(n_chunks);
-    const int on_device =
-        config_.strata.param_on_device >= 0 ? ResidentCount(n, config_.strata.param_on_device) : 0;
-    const int kept = config_.strata.param_resident >= 0
-                         ? ResidentCount(n, config_.strata.param_resident)
-                         : static_cast<int>(std::min<uint64_t>(n, host_room() / ParamShardBytes()));
-    if (kept + on_device >= n) staging = 0;
+    const KeptShards kept = KeptParamShards(host_room());
+    if (kept.device + kept.host >= static_cast<int>(n_chunks)) staging = 0;
   }
   if (opt_tier_ == ZeroTier::kNvme) {
     // Staging sets deepen the pipeline (read ahead, step, write behind); what a full
@@ -125,19 +120,23 @@ uint64_t EnginePlanner::PlanParamResidency(uint64_t room) {
   out_.param_tiers.clear();
   out_.param_resident_chunks = out_.param_device_chunks = 0;
   if (!ParamsSwapped()) return 0;
+  const KeptShards kept = KeptParamShards(room);
+  MoveParamShards(ZeroTier::kDevice, kept.device);
+  MoveParamShards(ZeroTier::kHost, kept.host);
+  // An explicit count is in the fixed needs.
+  return config_.strata.param_resident >= 0 ? 0 : kept.host * ParamShardBytes();
+}
+
+EnginePlanner::KeptShards EnginePlanner::KeptParamShards(uint64_t room) const {
   const int n = layout_.num_chunks;
-  const uint64_t shard = ParamShardBytes();
+  KeptShards k;
   // An explicit device share is a fixed need (PlanExplicitParamShards): it takes the
   // first chunks; an auto one takes what the gather buffers leave (PlanParamDevice).
-  if (config_.strata.param_on_device >= 0) {
-    MoveParamShards(ZeroTier::kDevice, ResidentCount(n, config_.strata.param_on_device));
-  }
-  const bool explicit_count = config_.strata.param_resident >= 0;
-  const uint64_t left = n - out_.param_device_chunks;
-  const int count = explicit_count ? ResidentCount(n, config_.strata.param_resident)
-                                   : static_cast<int>(std::min(left, room / shard));
-  MoveParamShards(ZeroTier::kHost, count);
-  return explicit_count ? 0 : count * shard;  // an explicit count is in the fixed needs
+  if (config_.strata.param_on_device >= 0) k.device = ResidentCount(n, config_.strata.param_on_device);
+  k.host = config_.strata.param_resident >= 0
+               ? ResidentCount(n, config_.strata.param_resident)
+               : static_cast<int>(std::min<uint64_t>(n - k.device, room / ParamShardBytes()));
+  return k;
 }
 
 int EnginePlanner::ExtraParamStaging(uint64_t room) const {
