@@ -37,13 +37,21 @@
 //    kernels (embeddings, LayerNorms) read them widened to fp32 in a scratch of the
 //    driver's; every activation, every accumulation and every gradient is fp32. So a
 //    16-bit pass computes exactly what the fp32 pass computes with the weights rounded to
-//    16 bits, bit for bit, as the MLP does (mlp_kernels.h). Backend::kCuda is refused
-//    (Unimplemented): the GPT kernels have no CUDA path yet.
-//  - The driver owns its activation workspace: grown to the largest (batch, seq) seen,
-//    reused afterwards. One driver is used by one thread at a time.
+//    16 bits, bit for bit, as the MLP does (mlp_kernels.h).
+//  - Backends: kCpu runs gpt_kernels.h on oneTBB threads; the hooks' pointers are host
+//    memory. kCuda runs gpt_cuda.h and mlp_cuda.h on the driver's stream; the hooks'
+//    pointers are device memory, ready for work enqueued on that stream (the engine's
+//    compute stream). The batch is copied to the device, the loss read back (so the
+//    forward has run when it comes), and ForwardBackward synchronizes the stream before
+//    returning. CUDA's results are within a tolerance of the CPU's (gpt_cuda.h), not
+//    bit-identical; each is deterministic on its own.
+//  - The driver owns its activation workspace, in the backend's memory: grown to the
+//    largest (batch, seq) seen, reused afterwards. One driver is used by one thread at a
+//    time.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "strata/module_hooks.h"
@@ -117,10 +125,15 @@ double GptFlopsPerSequence(const GptSpec& spec, int64_t seq);
 // ParamInit. Requires a valid spec and a tensor of the model.
 void InitGptTensor(const GptSpec& spec, TensorId tensor, int64_t begin, int64_t count, float* out);
 
+class GptOps;  // the backend's kernels (src/model/gpt_ops.h)
+
 class Gpt {
  public:
-  // Requires ValidateSpec(spec).ok().
-  explicit Gpt(GptSpec spec, Backend backend = Backend::kCpu);
+  // Requires ValidateSpec(spec).ok(). For kCuda, `stream` is the cudaStream_t to use
+  // (nullptr: the default stream); without a usable GPU, or in a build without CUDA, the
+  // passes return Unavailable.
+  explicit Gpt(GptSpec spec, Backend backend = Backend::kCpu, void* stream = nullptr);
+  ~Gpt();
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
 
@@ -131,65 +144,58 @@ class Gpt {
   void set_recompute(bool recompute) { recompute_ = recompute; }
   bool recompute() const { return recompute_; }
 
-  // One micro-batch: tokens and targets [batch, seq] in [0, vocab_size), 1 <= seq <=
-  // block_size. Forward, loss (summed over the batch's tokens and divided by `normaliser`,
-  // normally the global batch's token count), backward. Returns the loss term.
-  // InvalidArgument for a bad batch (nothing called); a hook's error, with the module
-  // named, stops the pass (gradients may then be partly written).
+  // One micro-batch: tokens and targets [batch, seq] in [0, vocab_size) (host memory, on
+  // either backend), 1 <= seq <= block_size. Forward, loss (summed over the batch's tokens
+  // and divided by `normaliser`, normally the global batch's token count), backward.
+  // Returns the loss term. InvalidArgument for a bad batch (nothing called); a hook's or a
+  // kernel's error, with the module named, stops the pass (gradients may then be partly
+  // written).
   Result<double> ForwardBackward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                                  double normaliser, ModuleHooks& hooks);
   // Forward and loss only (Fetch/Release, no backward hooks).
   Result<double> Forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                          double normaliser, ModuleHooks& hooks);
 
-  // The logits [batch, seq, vocab_size] of the latest Forward (after ForwardBackward the
-  // buffer holds their gradient instead).
-  const float* logits() const { return logits_.data(); }
+  // Copies rows [first_row, first_row + rows) of the latest Forward's logits [batch * seq,
+  // vocab_size] to host memory `out` (after ForwardBackward the buffer holds their gradient
+  // instead). InvalidArgument for rows outside the latest pass.
+  Status CopyLogits(int64_t first_row, int64_t rows, float* out) const;
   // Floats of activation workspace held now (grows with the largest batch; recompute
   // keeps one block's inner activations instead of every block's).
   int64_t activation_floats() const;
 
  private:
-  // One block's inner activations (its input lives in block_in_).
-  struct BlockActs {
-    std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fc, fc_gelu;
-  };
+  struct Workspace;
 
   Result<double> Run(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                      double normaliser, ModuleHooks& hooks, bool backward);
   Status CheckBatch(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                     double normaliser) const;
-  void EnsureWorkspace(int64_t batch, int64_t seq);
-  BlockActs& acts(int64_t layer) { return recompute_ ? blocks_[0] : blocks_[layer]; }
-  float* block_in(int64_t layer) { return block_in_.data() + layer * rows_ * spec_.n_embd; }
+  Status EnsureWorkspace(int64_t batch, int64_t seq);
+  float* BlockIn(int64_t layer) const;  // block l's input; the last block's output at L
 
   Result<ModuleParams> FetchModule(ModuleHooks& hooks, int module);
-  // Tensor i of `p` (n elements) as fp32: itself, or its 16-bit values widened into
-  // wide_[slot], valid until that slot's next use.
-  const float* Wide(const ModuleParams& p, size_t i, int64_t n, int slot);
   Status ReleaseModule(ModuleHooks& hooks, int module);
   Result<ModuleBackward> BeginModule(ModuleHooks& hooks, int module);
   Status EndModule(ModuleHooks& hooks, int module);
 
-  Status ForwardEmbed(const int32_t* tokens, ModuleHooks& hooks);
+  Status ForwardEmbed(ModuleHooks& hooks);
   // Recomputing skips the block's last projection: its output is not needed again.
   Status ForwardBlock(int64_t layer, bool recomputing, ModuleHooks& hooks);
   Status ForwardHead(ModuleHooks& hooks);
   Status BackwardHead(ModuleHooks& hooks);
   Status BackwardMlp(int64_t layer, ModuleHooks& hooks);
   Status BackwardAttn(int64_t layer, ModuleHooks& hooks);
-  Status BackwardEmbed(const int32_t* tokens, ModuleHooks& hooks);
+  Status BackwardEmbed(ModuleHooks& hooks);
 
   GptSpec spec_;
   Backend backend_;
   ModelDecl model_;
+  std::unique_ptr<GptOps> ops_;
+  Status ops_status_;  // why there are no ops (the CUDA backend without a GPU)
   bool recompute_ = false;
   int64_t batch_ = 0, seq_ = 0, rows_ = 0;  // the current pass's shape (rows = batch * seq)
-  // block_in_: the input of block l at l * rows * C, the last block's output at L.
-  std::vector<float> block_in_, lnf_, lnf_mean_, lnf_rstd_, logits_, zero_bias_;
-  std::vector<BlockActs> blocks_;  // one per block, or one shared when recomputing
-  std::vector<float> dres_, dtmp_, dwide_, dqkv_, dbias_scratch_;
-  std::vector<float> wide_[2];  // 16-bit parameters widened for the non-linear kernels
+  std::unique_ptr<Workspace> ws_;
 };
 
 }  // namespace strata::model

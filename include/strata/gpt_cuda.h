@@ -75,4 +75,7 @@ Status CrossEntropyForwardBackward(void* stream, const float* logits, const int3
                                    int64_t vocab, double normaliser, double* row_loss, double* loss,
                                    float* dlogits);
 
+// y [n] += x [n] (the residual stream), each element one fp32 add, as the CPU's.
+Status AddInPlace(void* stream, float* y, const float* x, int64_t n);
+
 }  // namespace strata::model::cuda

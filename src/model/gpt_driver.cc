@@ -1,49 +1,63 @@
 // The GPT driver: forward, loss and backward of one micro-batch through the hooks, with
-// optional activation checkpointing of the blocks.
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
-
+// optional activation checkpointing of the blocks, on the backend's kernels (gpt_ops.h).
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "model/gpt_ops.h"
 #include "strata/gpt.h"
-#include "strata/gpt_kernels.h"
-#include "strata/mlp_kernels.h"
 
 namespace strata::model {
 
+// The activations and scratch of a pass, in the backend's memory.
+struct Gpt::Workspace {
+  // One block's inner activations (its input lives in block_in).
+  struct BlockActs {
+    GptBuffer ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fc, fc_gelu;
+  };
+  // block_in: the input of block l at l * rows * C, the last block's output at L.
+  GptBuffer block_in, lnf, lnf_mean, lnf_rstd, logits, dres, dtmp, dwide, dqkv;
+  std::vector<BlockActs> blocks;  // one per block, or one shared when recomputing
+  // Not activations: the head's zero bias (vocab_size zero floats, which also read as zeros
+  // in a 16-bit dtype) and its bias gradient's sink, and the batch's ids.
+  GptBuffer zero_bias, dbias_scratch, tokens, targets;
+};
+
 namespace {
-
-template <class T>
-void Grow(std::vector<T>& v, int64_t n) {
-  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
-}
-
-// The residual adds: y += x.
-void AddInPlace(float* y, const float* x, int64_t n) {
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 1 << 14), [&](const tbb::blocked_range<int64_t>& r) {
-    for (int64_t i = r.begin(); i < r.end(); ++i) y[i] += x[i];
-  });
-}
 
 // The kernels take one flag for a weight and its bias, the hooks one per tensor: when they
 // differ, the tensor to overwrite is zeroed first and both are added to.
-bool PairAccumulate(const ModuleGrads& g, size_t a, int64_t a_size, size_t b, int64_t b_size) {
+Result<bool> PairAccumulate(GptOps& ops, const ModuleGrads& g, size_t a, int64_t a_size, size_t b,
+                            int64_t b_size) {
   if (g.accumulate[a] == g.accumulate[b]) return g.accumulate[a] != 0;
-  if (!g.accumulate[a]) std::fill(g.tensors[a], g.tensors[a] + a_size, 0.0f);
-  if (!g.accumulate[b]) std::fill(g.tensors[b], g.tensors[b] + b_size, 0.0f);
+  if (!g.accumulate[a]) STRATA_RETURN_IF_ERROR(ops.Zero(g.tensors[a], a_size));
+  if (!g.accumulate[b]) STRATA_RETURN_IF_ERROR(ops.Zero(g.tensors[b], b_size));
   return true;
 }
 
+Status Floats(GptOps& ops, GptBuffer& b, int64_t n) { return ops.GrowFloats(b, n); }
+
 }  // namespace
 
-Gpt::Gpt(GptSpec spec, Backend backend) : spec_(std::move(spec)), backend_(backend) {
+Gpt::Gpt(GptSpec spec, Backend backend, void* stream)
+    : spec_(std::move(spec)), backend_(backend), ws_(std::make_unique<Workspace>()) {
   STRATA_CHECK_MSG(ValidateSpec(spec_).ok(), ValidateSpec(spec_).message());
   model_ = GptModel(spec_);
-  zero_bias_.assign(static_cast<size_t>(spec_.vocab_size), 0.0f);
-  dbias_scratch_.assign(static_cast<size_t>(spec_.vocab_size), 0.0f);
+  if (backend_ == Backend::kCpu) {
+    ops_ = CreateCpuGptOps();
+  } else {
+    Result<std::unique_ptr<GptOps>> ops = CreateCudaGptOps(stream);
+    if (ops.ok()) {
+      ops_ = std::move(*ops);
+    } else {
+      ops_status_ = ops.status().WithContext("GPT on the CUDA backend");
+    }
+  }
 }
+
+Gpt::~Gpt() = default;
 
 Result<double> Gpt::ForwardBackward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                                     double normaliser, ModuleHooks& hooks) {
@@ -55,26 +69,35 @@ Result<double> Gpt::Forward(const int32_t* tokens, const int32_t* targets, int64
   return Run(tokens, targets, batch, seq, normaliser, hooks, false);
 }
 
-int64_t Gpt::activation_floats() const {
-  int64_t n = 0;
-  for (const auto* v :
-       {&block_in_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_, &dres_, &dtmp_, &dwide_, &dqkv_}) {
-    n += static_cast<int64_t>(v->size());
+Status Gpt::CopyLogits(int64_t first_row, int64_t rows, float* out) const {
+  if (first_row < 0 || rows < 0 || first_row + rows > rows_ || (rows > 0 && out == nullptr)) {
+    return InvalidArgumentError("GPT: logits rows [" + std::to_string(first_row) + ", " +
+                                std::to_string(first_row + rows) + ") are not in the latest pass's " +
+                                std::to_string(rows_) + " rows");
   }
-  for (const BlockActs& a : blocks_) {
-    for (const auto* v : {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.att, &a.atty, &a.res2, &a.ln2,
-                          &a.ln2_mean, &a.ln2_rstd, &a.fc, &a.fc_gelu}) {
-      n += static_cast<int64_t>(v->size());
+  const int64_t v = spec_.vocab_size;
+  return ops_->Download(out, ws_->logits.f() + first_row * v, rows * v * static_cast<int64_t>(sizeof(float)));
+}
+
+int64_t Gpt::activation_floats() const {
+  const Workspace& w = *ws_;
+  int64_t bytes = 0;
+  for (const GptBuffer* b :
+       {&w.block_in, &w.lnf, &w.lnf_mean, &w.lnf_rstd, &w.logits, &w.dres, &w.dtmp, &w.dwide, &w.dqkv}) {
+    bytes += b->bytes();
+  }
+  for (const Workspace::BlockActs& a : w.blocks) {
+    for (const GptBuffer* b : {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.att, &a.atty, &a.res2, &a.ln2,
+                               &a.ln2_mean, &a.ln2_rstd, &a.fc, &a.fc_gelu}) {
+      bytes += b->bytes();
     }
   }
-  return n;
+  return bytes / static_cast<int64_t>(sizeof(float));
 }
 
 Status Gpt::CheckBatch(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                        double normaliser) const {
-  if (backend_ != Backend::kCpu) {
-    return UnimplementedError("GPT: the CUDA backend is not built yet (the GPT kernels run on the CPU only)");
-  }
+  STRATA_RETURN_IF_ERROR(ops_status_);
   if (tokens == nullptr || targets == nullptr) return InvalidArgumentError("GPT: null tokens or targets");
   if (batch < 1 || seq < 1 || seq > spec_.block_size) {
     return InvalidArgumentError("GPT: batch " + std::to_string(batch) + " x seq " + std::to_string(seq) +
@@ -94,42 +117,58 @@ Status Gpt::CheckBatch(const int32_t* tokens, const int32_t* targets, int64_t ba
   return OkStatus();
 }
 
-void Gpt::EnsureWorkspace(int64_t batch, int64_t seq) {
+Status Gpt::EnsureWorkspace(int64_t batch, int64_t seq) {
   batch_ = batch;
   seq_ = seq;
   rows_ = batch * seq;
-  const int64_t n = rows_, c = spec_.n_embd;
-  Grow(block_in_, (spec_.n_layer + 1) * n * c);
-  Grow(lnf_, n * c);
-  Grow(lnf_mean_, n);
-  Grow(lnf_rstd_, n);
-  Grow(logits_, n * spec_.vocab_size);
+  const int64_t n = rows_, c = spec_.n_embd, v = spec_.vocab_size;
+  GptOps& ops = *ops_;
+  Workspace& w = *ws_;
+  STRATA_RETURN_IF_ERROR(Floats(ops, w.block_in, (spec_.n_layer + 1) * n * c));
+  STRATA_RETURN_IF_ERROR(Floats(ops, w.lnf, n * c));
+  STRATA_RETURN_IF_ERROR(Floats(ops, w.lnf_mean, n));
+  STRATA_RETURN_IF_ERROR(Floats(ops, w.lnf_rstd, n));
+  STRATA_RETURN_IF_ERROR(Floats(ops, w.logits, n * v));
   // Dropping the blocks that recompute no longer keeps is what saves the memory.
-  blocks_.resize(recompute_ ? 1 : static_cast<size_t>(spec_.n_layer));
-  for (BlockActs& a : blocks_) {
-    for (auto* v : {&a.ln1, &a.atty, &a.res2, &a.ln2}) Grow(*v, n * c);
-    for (auto* v : {&a.ln1_mean, &a.ln1_rstd, &a.ln2_mean, &a.ln2_rstd}) Grow(*v, n);
-    Grow(a.qkv, n * 3 * c);
-    Grow(a.att, batch * spec_.n_head * seq * seq);
-    Grow(a.fc, n * 4 * c);
-    Grow(a.fc_gelu, n * 4 * c);
+  w.blocks.resize(recompute_ ? 1 : static_cast<size_t>(spec_.n_layer));
+  for (Workspace::BlockActs& a : w.blocks) {
+    for (GptBuffer* b : {&a.ln1, &a.atty, &a.res2, &a.ln2}) STRATA_RETURN_IF_ERROR(Floats(ops, *b, n * c));
+    for (GptBuffer* b : {&a.ln1_mean, &a.ln1_rstd, &a.ln2_mean, &a.ln2_rstd}) {
+      STRATA_RETURN_IF_ERROR(Floats(ops, *b, n));
+    }
+    STRATA_RETURN_IF_ERROR(Floats(ops, a.qkv, n * 3 * c));
+    STRATA_RETURN_IF_ERROR(Floats(ops, a.att, batch * spec_.n_head * seq * seq));
+    STRATA_RETURN_IF_ERROR(Floats(ops, a.fc, n * 4 * c));
+    STRATA_RETURN_IF_ERROR(Floats(ops, a.fc_gelu, n * 4 * c));
   }
-  Grow(dres_, n * c);
-  Grow(dtmp_, n * c);
-  Grow(dwide_, n * 4 * c);
-  Grow(dqkv_, n * 3 * c);
+  STRATA_RETURN_IF_ERROR(Floats(ops, w.dres, n * c));
+  STRATA_RETURN_IF_ERROR(Floats(ops, w.dtmp, n * c));
+  STRATA_RETURN_IF_ERROR(Floats(ops, w.dwide, n * 4 * c));
+  STRATA_RETURN_IF_ERROR(Floats(ops, w.dqkv, n * 3 * c));
+  if (w.zero_bias.bytes() == 0) {
+    STRATA_RETURN_IF_ERROR(Floats(ops, w.zero_bias, v));
+    STRATA_RETURN_IF_ERROR(ops.Zero(w.zero_bias.f(), v));
+  }
+  STRATA_RETURN_IF_ERROR(Floats(ops, w.dbias_scratch, v));
+  STRATA_RETURN_IF_ERROR(ops.Grow(w.tokens, n * static_cast<int64_t>(sizeof(int32_t))));
+  return ops.Grow(w.targets, n * static_cast<int64_t>(sizeof(int32_t)));
 }
 
 Result<double> Gpt::Run(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                         double normaliser, ModuleHooks& hooks, bool backward) {
   STRATA_RETURN_IF_ERROR(CheckBatch(tokens, targets, batch, seq, normaliser));
-  EnsureWorkspace(batch, seq);
-  STRATA_RETURN_IF_ERROR(ForwardEmbed(tokens, hooks));
+  STRATA_RETURN_IF_ERROR(EnsureWorkspace(batch, seq));
+  Workspace& w = *ws_;
+  const int64_t id_bytes = rows_ * static_cast<int64_t>(sizeof(int32_t));
+  STRATA_RETURN_IF_ERROR(ops_->Upload(w.tokens.i32(), tokens, id_bytes));
+  STRATA_RETURN_IF_ERROR(ops_->Upload(w.targets.i32(), targets, id_bytes));
+  STRATA_RETURN_IF_ERROR(ForwardEmbed(hooks));
   for (int64_t l = 0; l < spec_.n_layer; ++l) STRATA_RETURN_IF_ERROR(ForwardBlock(l, false, hooks));
   STRATA_RETURN_IF_ERROR(ForwardHead(hooks));
   // The logits' gradient overwrites them: the largest activation is held once.
-  const double loss = CrossEntropyForwardBackward(logits_.data(), targets, rows_, spec_.vocab_size,
-                                                  normaliser, backward ? logits_.data() : nullptr);
+  STRATA_ASSIGN_OR_RETURN(const double loss,
+                          ops_->CrossEntropy(w.logits.f(), w.targets.i32(), rows_, spec_.vocab_size,
+                                             normaliser, backward ? w.logits.f() : nullptr));
   if (!backward) return loss;
   STRATA_RETURN_IF_ERROR(BackwardHead(hooks));
   for (int64_t l = spec_.n_layer - 1; l >= 0; --l) {
@@ -137,7 +176,8 @@ Result<double> Gpt::Run(const int32_t* tokens, const int32_t* targets, int64_t b
     STRATA_RETURN_IF_ERROR(BackwardMlp(l, hooks));
     STRATA_RETURN_IF_ERROR(BackwardAttn(l, hooks));
   }
-  STRATA_RETURN_IF_ERROR(BackwardEmbed(tokens, hooks));
+  STRATA_RETURN_IF_ERROR(BackwardEmbed(hooks));
+  STRATA_RETURN_IF_ERROR(ops_->Finish());
   return loss;
 }
 
@@ -171,13 +211,6 @@ Result<ModuleParams> Gpt::FetchModule(ModuleHooks& hooks, int module) {
   return p;
 }
 
-const float* Gpt::Wide(const ModuleParams& p, size_t i, int64_t n, int slot) {
-  if (p.dtype == DType::kF32) return static_cast<const float*>(p.tensors[i]);
-  Grow(wide_[slot], n);
-  ToFloat(p.tensors[i], p.dtype, n, wide_[slot].data());
-  return wide_[slot].data();
-}
-
 Status Gpt::ReleaseModule(ModuleHooks& hooks, int module) {
   Status s = hooks.Release(module);
   return s.ok() ? s : s.WithContext("Release of GPT module " + model_.modules[module].name);
@@ -207,117 +240,138 @@ Status Gpt::EndModule(ModuleHooks& hooks, int module) {
 
 // --- forward -------------------------------------------------------------------------
 
-Status Gpt::ForwardEmbed(const int32_t* tokens, ModuleHooks& hooks) {
+float* Gpt::BlockIn(int64_t layer) const { return ws_->block_in.f() + layer * rows_ * spec_.n_embd; }
+
+Status Gpt::ForwardEmbed(ModuleHooks& hooks) {
   STRATA_ASSIGN_OR_RETURN(ModuleParams p, FetchModule(hooks, GptEmbedModule()));
-  const int64_t c = spec_.n_embd;
-  // Only the sequence's rows of wpe are read.
-  EmbeddingForward(tokens, Wide(p, 0, spec_.vocab_size * c, 0), Wide(p, 1, seq_ * c, 1), batch_, seq_, c,
-                   spec_.vocab_size, block_in(0));
+  STRATA_RETURN_IF_ERROR(ops_->EmbeddingForward(ws_->tokens.i32(), p.tensors[0], p.tensors[1], p.dtype,
+                                                batch_, seq_, spec_.n_embd, spec_.vocab_size, BlockIn(0)));
   return ReleaseModule(hooks, GptEmbedModule());
 }
 
 Status Gpt::ForwardBlock(int64_t layer, bool recomputing, ModuleHooks& hooks) {
   const int64_t n = rows_, c = spec_.n_embd;
-  BlockActs& a = acts(layer);
-  const float* in = block_in(layer);
+  GptOps& ops = *ops_;
+  Workspace::BlockActs& a = ws_->blocks[recompute_ ? 0 : layer];
+  const float* in = BlockIn(layer);
   {
     STRATA_ASSIGN_OR_RETURN(ModuleParams p, FetchModule(hooks, GptAttnModule(layer)));
     const auto& t = p.tensors;
-    LayerNormForward(in, Wide(p, 0, c, 0), Wide(p, 1, c, 1), n, c, a.ln1.data(), a.ln1_mean.data(),
-                     a.ln1_rstd.data());
-    LinearForward(a.ln1.data(), n, c, 3 * c, t[2], t[3], p.dtype, a.qkv.data());
-    AttentionForward(a.qkv.data(), batch_, seq_, c, spec_.n_head, a.atty.data(), a.att.data());
-    LinearForward(a.atty.data(), n, c, c, t[4], t[5], p.dtype, a.res2.data());
-    AddInPlace(a.res2.data(), in, n * c);
+    STRATA_RETURN_IF_ERROR(
+        ops.LayerNormForward(in, t[0], t[1], p.dtype, n, c, a.ln1.f(), a.ln1_mean.f(), a.ln1_rstd.f()));
+    STRATA_RETURN_IF_ERROR(ops.LinearForward(a.ln1.f(), n, c, 3 * c, t[2], t[3], p.dtype, a.qkv.f()));
+    STRATA_RETURN_IF_ERROR(
+        ops.AttentionForward(a.qkv.f(), batch_, seq_, c, spec_.n_head, a.atty.f(), a.att.f()));
+    STRATA_RETURN_IF_ERROR(ops.LinearForward(a.atty.f(), n, c, c, t[4], t[5], p.dtype, a.res2.f()));
+    STRATA_RETURN_IF_ERROR(ops.Add(a.res2.f(), in, n * c));
     STRATA_RETURN_IF_ERROR(ReleaseModule(hooks, GptAttnModule(layer)));
   }
   STRATA_ASSIGN_OR_RETURN(ModuleParams p, FetchModule(hooks, GptMlpModule(layer)));
   const auto& t = p.tensors;
-  LayerNormForward(a.res2.data(), Wide(p, 0, c, 0), Wide(p, 1, c, 1), n, c, a.ln2.data(), a.ln2_mean.data(),
-                   a.ln2_rstd.data());
-  LinearForward(a.ln2.data(), n, c, 4 * c, t[2], t[3], p.dtype, a.fc.data());
-  GeluForward(a.fc.data(), n * 4 * c, a.fc_gelu.data(), GeluTanh::kVector);
+  STRATA_RETURN_IF_ERROR(
+      ops.LayerNormForward(a.res2.f(), t[0], t[1], p.dtype, n, c, a.ln2.f(), a.ln2_mean.f(), a.ln2_rstd.f()));
+  STRATA_RETURN_IF_ERROR(ops.LinearForward(a.ln2.f(), n, c, 4 * c, t[2], t[3], p.dtype, a.fc.f()));
+  STRATA_RETURN_IF_ERROR(ops.GeluForward(a.fc.f(), n * 4 * c, a.fc_gelu.f()));
   if (!recomputing) {
-    float* out = block_in(layer + 1);
-    LinearForward(a.fc_gelu.data(), n, 4 * c, c, t[4], t[5], p.dtype, out);
-    AddInPlace(out, a.res2.data(), n * c);
+    float* out = BlockIn(layer + 1);
+    STRATA_RETURN_IF_ERROR(ops.LinearForward(a.fc_gelu.f(), n, 4 * c, c, t[4], t[5], p.dtype, out));
+    STRATA_RETURN_IF_ERROR(ops.Add(out, a.res2.f(), n * c));
   }
   return ReleaseModule(hooks, GptMlpModule(layer));
 }
 
 Status Gpt::ForwardHead(ModuleHooks& hooks) {
   const int head = GptHeadModule(spec_);
+  Workspace& w = *ws_;
   STRATA_ASSIGN_OR_RETURN(ModuleParams p, FetchModule(hooks, head));
   const int64_t c = spec_.n_embd;
-  LayerNormForward(block_in(spec_.n_layer), Wide(p, 0, c, 0), Wide(p, 1, c, 1), rows_, c, lnf_.data(),
-                   lnf_mean_.data(), lnf_rstd_.data());
-  // zero_bias_ holds vocab_size zero floats, so it also reads as zeros in a 16-bit dtype.
-  LinearForward(lnf_.data(), rows_, c, spec_.vocab_size, p.tensors[2], zero_bias_.data(), p.dtype,
-                logits_.data());
+  STRATA_RETURN_IF_ERROR(ops_->LayerNormForward(BlockIn(spec_.n_layer), p.tensors[0], p.tensors[1], p.dtype,
+                                                rows_, c, w.lnf.f(), w.lnf_mean.f(), w.lnf_rstd.f()));
+  STRATA_RETURN_IF_ERROR(ops_->LinearForward(w.lnf.f(), rows_, c, spec_.vocab_size, p.tensors[2],
+                                             w.zero_bias.f(), p.dtype, w.logits.f()));
   return ReleaseModule(hooks, head);
 }
 
-// --- backward: dres_ carries d loss / d (the residual stream) down the blocks ----------
+// --- backward: dres carries d loss / d (the residual stream) down the blocks -----------
 
 Status Gpt::BackwardHead(ModuleHooks& hooks) {
   const int head = GptHeadModule(spec_);
   const int64_t n = rows_, c = spec_.n_embd;
+  Workspace& w = *ws_;
   STRATA_ASSIGN_OR_RETURN(ModuleBackward bw, BeginModule(hooks, head));
   const auto& p = bw.params.tensors;
   const ModuleGrads& g = bw.grads;
   // The head has no bias: LinearBackward's bias gradient goes to scratch.
-  LinearBackward(lnf_.data(), logits_.data(), n, c, spec_.vocab_size, p[2], bw.params.dtype, dtmp_.data(),
-                 g.tensors[2], dbias_scratch_.data(), g.accumulate[2] != 0);
-  LayerNormBackward(block_in(spec_.n_layer), dtmp_.data(), Wide(bw.params, 0, c, 0), lnf_mean_.data(),
-                    lnf_rstd_.data(), n, c, dres_.data(), g.tensors[0], g.tensors[1],
-                    PairAccumulate(g, 0, c, 1, c));
+  STRATA_RETURN_IF_ERROR(ops_->LinearBackward(w.lnf.f(), w.logits.f(), n, c, spec_.vocab_size, p[2],
+                                              bw.params.dtype, w.dtmp.f(), g.tensors[2], w.dbias_scratch.f(),
+                                              g.accumulate[2] != 0));
+  STRATA_ASSIGN_OR_RETURN(const bool acc, PairAccumulate(*ops_, g, 0, c, 1, c));
+  STRATA_RETURN_IF_ERROR(ops_->LayerNormBackward(BlockIn(spec_.n_layer), w.dtmp.f(), p[0], bw.params.dtype,
+                                                 w.lnf_mean.f(), w.lnf_rstd.f(), n, c, w.dres.f(),
+                                                 g.tensors[0], g.tensors[1], acc));
   return EndModule(hooks, head);
 }
 
 Status Gpt::BackwardMlp(int64_t layer, ModuleHooks& hooks) {
   const int64_t n = rows_, c = spec_.n_embd;
-  BlockActs& a = acts(layer);
+  GptOps& ops = *ops_;
+  Workspace& w = *ws_;
+  Workspace::BlockActs& a = w.blocks[recompute_ ? 0 : layer];
   STRATA_ASSIGN_OR_RETURN(ModuleBackward bw, BeginModule(hooks, GptMlpModule(layer)));
   const auto& p = bw.params.tensors;
+  const DType dtype = bw.params.dtype;
   const ModuleGrads& g = bw.grads;
-  LinearBackward(a.fc_gelu.data(), dres_.data(), n, 4 * c, c, p[4], bw.params.dtype, dwide_.data(),
-                 g.tensors[4], g.tensors[5], PairAccumulate(g, 4, c * 4 * c, 5, c));
-  GeluBackward(a.fc.data(), dwide_.data(), n * 4 * c, dwide_.data(), GeluTanh::kVector);
-  LinearBackward(a.ln2.data(), dwide_.data(), n, c, 4 * c, p[2], bw.params.dtype, dtmp_.data(), g.tensors[2],
-                 g.tensors[3], PairAccumulate(g, 2, 4 * c * c, 3, 4 * c));
-  LayerNormBackward(a.res2.data(), dtmp_.data(), Wide(bw.params, 0, c, 0), a.ln2_mean.data(),
-                    a.ln2_rstd.data(), n, c, dtmp_.data(), g.tensors[0], g.tensors[1],
-                    PairAccumulate(g, 0, c, 1, c));
-  AddInPlace(dres_.data(), dtmp_.data(), n * c);
+  STRATA_ASSIGN_OR_RETURN(const bool acc_proj, PairAccumulate(ops, g, 4, c * 4 * c, 5, c));
+  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.fc_gelu.f(), w.dres.f(), n, 4 * c, c, p[4], dtype, w.dwide.f(),
+                                            g.tensors[4], g.tensors[5], acc_proj));
+  STRATA_RETURN_IF_ERROR(ops.GeluBackward(a.fc.f(), w.dwide.f(), n * 4 * c, w.dwide.f()));
+  STRATA_ASSIGN_OR_RETURN(const bool acc_fc, PairAccumulate(ops, g, 2, 4 * c * c, 3, 4 * c));
+  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.ln2.f(), w.dwide.f(), n, c, 4 * c, p[2], dtype, w.dtmp.f(),
+                                            g.tensors[2], g.tensors[3], acc_fc));
+  STRATA_ASSIGN_OR_RETURN(const bool acc_ln, PairAccumulate(ops, g, 0, c, 1, c));
+  STRATA_RETURN_IF_ERROR(ops.LayerNormBackward(a.res2.f(), w.dtmp.f(), p[0], dtype, a.ln2_mean.f(),
+                                               a.ln2_rstd.f(), n, c, w.dtmp.f(), g.tensors[0], g.tensors[1],
+                                               acc_ln));
+  STRATA_RETURN_IF_ERROR(ops.Add(w.dres.f(), w.dtmp.f(), n * c));
   return EndModule(hooks, GptMlpModule(layer));
 }
 
 Status Gpt::BackwardAttn(int64_t layer, ModuleHooks& hooks) {
   const int64_t n = rows_, c = spec_.n_embd;
-  BlockActs& a = acts(layer);
+  GptOps& ops = *ops_;
+  Workspace& w = *ws_;
+  Workspace::BlockActs& a = w.blocks[recompute_ ? 0 : layer];
   STRATA_ASSIGN_OR_RETURN(ModuleBackward bw, BeginModule(hooks, GptAttnModule(layer)));
   const auto& p = bw.params.tensors;
+  const DType dtype = bw.params.dtype;
   const ModuleGrads& g = bw.grads;
-  LinearBackward(a.atty.data(), dres_.data(), n, c, c, p[4], bw.params.dtype, dtmp_.data(), g.tensors[4],
-                 g.tensors[5], PairAccumulate(g, 4, c * c, 5, c));
-  AttentionBackward(a.qkv.data(), a.att.data(), dtmp_.data(), batch_, seq_, c, spec_.n_head, dqkv_.data());
-  LinearBackward(a.ln1.data(), dqkv_.data(), n, c, 3 * c, p[2], bw.params.dtype, dtmp_.data(), g.tensors[2],
-                 g.tensors[3], PairAccumulate(g, 2, 3 * c * c, 3, 3 * c));
-  LayerNormBackward(block_in(layer), dtmp_.data(), Wide(bw.params, 0, c, 0), a.ln1_mean.data(),
-                    a.ln1_rstd.data(), n, c, dtmp_.data(), g.tensors[0], g.tensors[1],
-                    PairAccumulate(g, 0, c, 1, c));
-  AddInPlace(dres_.data(), dtmp_.data(), n * c);
+  STRATA_ASSIGN_OR_RETURN(const bool acc_proj, PairAccumulate(ops, g, 4, c * c, 5, c));
+  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.atty.f(), w.dres.f(), n, c, c, p[4], dtype, w.dtmp.f(),
+                                            g.tensors[4], g.tensors[5], acc_proj));
+  STRATA_RETURN_IF_ERROR(
+      ops.AttentionBackward(a.qkv.f(), a.att.f(), w.dtmp.f(), batch_, seq_, c, spec_.n_head, w.dqkv.f()));
+  STRATA_ASSIGN_OR_RETURN(const bool acc_qkv, PairAccumulate(ops, g, 2, 3 * c * c, 3, 3 * c));
+  STRATA_RETURN_IF_ERROR(ops.LinearBackward(a.ln1.f(), w.dqkv.f(), n, c, 3 * c, p[2], dtype, w.dtmp.f(),
+                                            g.tensors[2], g.tensors[3], acc_qkv));
+  STRATA_ASSIGN_OR_RETURN(const bool acc_ln, PairAccumulate(ops, g, 0, c, 1, c));
+  STRATA_RETURN_IF_ERROR(ops.LayerNormBackward(BlockIn(layer), w.dtmp.f(), p[0], dtype, a.ln1_mean.f(),
+                                               a.ln1_rstd.f(), n, c, w.dtmp.f(), g.tensors[0], g.tensors[1],
+                                               acc_ln));
+  STRATA_RETURN_IF_ERROR(ops.Add(w.dres.f(), w.dtmp.f(), n * c));
   return EndModule(hooks, GptAttnModule(layer));
 }
 
-Status Gpt::BackwardEmbed(const int32_t* tokens, ModuleHooks& hooks) {
+Status Gpt::BackwardEmbed(ModuleHooks& hooks) {
   const int64_t c = spec_.n_embd;
   STRATA_ASSIGN_OR_RETURN(ModuleBackward bw, BeginModule(hooks, GptEmbedModule()));
   const ModuleGrads& g = bw.grads;
   // The kernel leaves wpe's rows past the sequence alone; overwriting means they get zero.
-  if (!g.accumulate[1]) std::fill(g.tensors[1] + seq_ * c, g.tensors[1] + spec_.block_size * c, 0.0f);
-  EmbeddingBackward(tokens, dres_.data(), batch_, seq_, c, spec_.vocab_size, g.tensors[0], g.tensors[1],
-                    g.accumulate[0] != 0, g.accumulate[1] != 0);
+  if (!g.accumulate[1]) {
+    STRATA_RETURN_IF_ERROR(ops_->Zero(g.tensors[1] + seq_ * c, (spec_.block_size - seq_) * c));
+  }
+  STRATA_RETURN_IF_ERROR(ops_->EmbeddingBackward(ws_->tokens.i32(), ws_->dres.f(), batch_, seq_, c,
+                                                 spec_.vocab_size, g.tensors[0], g.tensors[1],
+                                                 g.accumulate[0] != 0, g.accumulate[1] != 0));
   return EndModule(hooks, GptEmbedModule());
 }
 

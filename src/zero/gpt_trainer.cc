@@ -62,7 +62,7 @@ GptTrainer::GptTrainer(Engine& engine, Communicator& world, const Config& config
       spec_(std::move(spec)),
       train_(train),
       val_(val),
-      gpt_(spec_.model, engine.model_backend()) {
+      gpt_(spec_.model, engine.model_backend(), engine.model_stream()) {
   gpt_.set_recompute(spec_.recompute);
 }
 
@@ -150,13 +150,15 @@ Result<std::vector<int32_t>> GptTrainer::Sample(const std::vector<int32_t>& prom
   std::vector<int32_t> text = prompt, out;
   uint64_t state = seed;
   const int64_t vocab = spec_.model.vocab_size;
+  std::vector<float> last(static_cast<size_t>(vocab));  // the logits of the context's last token
   STRATA_RETURN_IF_ERROR(Evaluating([&](ModuleHooks& hooks) -> Status {
     while (static_cast<int64_t>(out.size()) < count) {
       const int64_t len = std::min<int64_t>(static_cast<int64_t>(text.size()), spec_.model.block_size);
       const std::vector<int32_t> context(text.end() - len, text.end()), zeros(len, 0);
       STRATA_RETURN_IF_ERROR(
           gpt_.Forward(context.data(), zeros.data(), 1, len, static_cast<double>(len), hooks).status());
-      const int32_t next = Draw(gpt_.logits() + (len - 1) * vocab, vocab, temperature, &state);
+      STRATA_RETURN_IF_ERROR(gpt_.CopyLogits(len - 1, 1, last.data()));
+      const int32_t next = Draw(last.data(), vocab, temperature, &state);
       text.push_back(next);
       out.push_back(next);
     }

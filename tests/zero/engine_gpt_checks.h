@@ -78,15 +78,17 @@ inline void FillGptBatch(const GptSetup& setup, int64_t first, int64_t n, std::v
 }
 
 // Trains `setup` with the engine on this rank's slices of the data (every rank calls it).
+// The driver runs on the engine's backend: the CPU kernels on the sim device, the CUDA
+// ones on its compute stream on a GPU.
 inline ChainRun RunGptEngine(Communicator& world, const Config& config, const GptSetup& setup) {
-  model::Gpt gpt(setup.spec);
-  gpt.set_recompute(setup.recompute);
+  const ModelDecl decl = model::GptModel(setup.spec);
   auto dev = EngineDevice(config);
   if (!dev.ok()) return FailedRun(dev.status());
-  auto engine =
-      Engine::Create(config, gpt.modules(), GptInit(setup.spec), EngineResources{&world, dev->get()});
+  auto engine = Engine::Create(config, decl, GptInit(setup.spec), EngineResources{&world, dev->get()});
   if (!engine.ok()) return FailedRun(engine.status());
   Engine& e = **engine;
+  model::Gpt gpt(setup.spec, e.model_backend(), e.model_stream());
+  gpt.set_recompute(setup.recompute);
   ChainRun run;
   std::vector<int32_t> tokens, targets;
   const int accum = config.gradient_accumulation_steps;

@@ -190,4 +190,10 @@ Status CrossEntropyForwardBackward(void* stream, const float* logits, const int3
       "cross-entropy launch");
 }
 
+Status AddInPlace(void* stream, float* y, const float* x, int64_t n) {
+  STRATA_RETURN_IF_ERROR(Require(n == 0 || (y != nullptr && x != nullptr), "AddInPlace: null pointer"));
+  STRATA_RETURN_IF_ERROR(Require(n >= 0, "AddInPlace: n must be >= 0"));
+  return CudaStatus(LaunchAddInPlace(y, x, n, AsStream(stream)), "residual add launch");
+}
+
 }  // namespace strata::model::cuda

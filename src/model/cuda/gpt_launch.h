@@ -55,4 +55,8 @@ cudaError_t LaunchCrossEntropy(const float* logits, const int32_t* targets, int6
                                double normaliser, double* row_loss, double* loss, float* dlogits,
                                cudaStream_t stream);
 
+// --- gpt_residual_kernels.cu
+// y[i] += x[i] for i < n (n may be 0).
+cudaError_t LaunchAddInPlace(float* y, const float* x, int64_t n, cudaStream_t stream);
+
 }  // namespace strata::model::cuda

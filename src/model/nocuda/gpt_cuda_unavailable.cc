@@ -1,6 +1,8 @@
 // The GPT's CUDA kernels in a build without CUDA: every call says so.
+#include <memory>
 #include <string>
 
+#include "model/gpt_ops.h"
 #include "model/nocuda/no_cuda.h"
 #include "strata/gpt_cuda.h"
 
@@ -34,4 +36,12 @@ Status CrossEntropyForwardBackward(void*, const float*, const int32_t*, int64_t,
   return NoCuda("CrossEntropyForwardBackward");
 }
 
+Status AddInPlace(void*, float*, const float*, int64_t) { return NoCuda("AddInPlace"); }
+
 }  // namespace strata::model::cuda
+
+namespace strata::model {
+
+Result<std::unique_ptr<GptOps>> CreateCudaGptOps(void*) { return cuda::NoCuda("the GPT's CUDA backend"); }
+
+}  // namespace strata::model
