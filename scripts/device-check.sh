@@ -18,7 +18,9 @@
 #   4. the GPU benchmarks: `strata info`, PCIe pinned and pageable (`strata bench pcie`),
 #      GPU Adam beside a device-to-device copy (HBM), the cuBLAS GEMM peak and the MLP
 #      step against it, without offload and with NVMe offload (device_bench_gpu_test),
-#      then every other `strata bench` subcommand that takes --device.
+#      the GPT job on the GPU (`strata train --device cuda`: ZeRO-3, both offloads on
+#      NVMe, 40 steps on token files of the repository's docs), then every other
+#      `strata bench` subcommand that takes --device.
 # OUT_DIR receives summary.txt and summary.json (every step: state, exit status, seconds,
 # limit; what was skipped and why), a .log per step, ctest-gpu.xml (JUnit) and the
 # benchmarks' .json files. Exit status: 0 when every step that ran passed and nothing
@@ -60,7 +62,8 @@ skipped=()
 recorded=()
 # Every step, in order: one that is not reached (a required step failed) is listed as
 # skipped with the reason.
-plan=(unpack configure build ctest-gpu info bench-pcie bench-hbm-adam bench-mlp-step bench-cli-others)
+plan=(unpack configure build ctest-gpu info bench-pcie bench-hbm-adam bench-mlp-step gpt-data
+      train-gpt-cuda bench-cli-others)
 fatal_reason=""
 : > "$summary"
 
@@ -276,7 +279,7 @@ if [[ $dry == 1 ]]; then
   # Without a GPU: that the benchmark programs start and find their benchmarks.
   step bench-list 30 "$bench_bin" --gtest_also_run_disabled_tests --gtest_list_tests --gtest_filter='DeviceBench.*'
   step strata-bench-help 30 "$strata" bench pcie --help
-  for b in "${gpu_benches[@]}" bench-cli-others; do skip "$b" "dry run: needs the GPU"; done
+  for b in "${gpu_benches[@]}" gpt-data train-gpt-cuda bench-cli-others; do skip "$b" "dry run: needs the GPU"; done
   finish
 fi
 json_step bench-pcie 45 "$strata" bench pcie --device cuda --quick --json
@@ -299,6 +302,19 @@ bench_run() {  # bench_run NAME FILTER LIMIT
 }
 bench_run bench-hbm-adam 'DeviceBench.DISABLED_AdamBesideHbmCopy' 60
 bench_run bench-mlp-step 'DeviceBench.DISABLED_MlpStepBesideGemmPeak' 150
+
+# The GPT job end to end on the GPU (the driver's CUDA kernels on the engine's stream),
+# ZeRO-3 with both offloads on NVMe, on the repository's own text (the device machine
+# need not have the fortunes corpus). train-gpt-cuda.json holds the validation losses
+# before the first step, at step 20 and after the last, and the tokens per second.
+gpt_data=$build/gpt-data
+if step gpt-data 30 "$strata" data prepare "$root"/docs/*.md "$root"/README.md --out "$gpt_data"; then
+  json_step train-gpt-cuda 90 "$strata" train --device cuda --data "$gpt_data" --steps 40 --eval-every 20 \
+    --stage 3 --offload-optimizer nvme --offload-param nvme --nvme-path "$build/bench-swap" --json
+else
+  skip train-gpt-cuda "the token files could not be prepared (see gpt-data.log)"
+  status=1
+fi
 
 # Every other `strata bench` subcommand that takes --device runs with --device cuda (and
 # --quick / --json where it has them); ones that do not exist yet are simply not there.
