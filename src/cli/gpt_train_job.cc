@@ -247,9 +247,12 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
   // The engine goes first: the matrices of the products' probe then take memory it freed
   // instead of adding to the run's peak. Every rank measures them at once, sharing the
   // cores as training did.
+  const Backend backend = setup->engine->model_backend();
+  const DType weights = setup->engine->compute_dtype();
   setup->engine.reset();
   const nlohmann::json throughput =
-      GptThroughput(job.model, job.seq, job.config.train_micro_batch_size_per_gpu, world.size(), loop.steps);
+      GptThroughput(job.model, job.seq, job.config.train_micro_batch_size_per_gpu, world.size(), loop.steps,
+                    backend, weights);
   if (rank0 && !throughput.empty()) log.Write({{"throughput", throughput}});
   if (rank0 && job.json) {
     const nlohmann::json report = {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <vector>
 
+#include "strata/mlp_cuda.h"
 #include "strata/mlp_kernels.h"
 
 namespace strata::tools {
@@ -25,6 +26,55 @@ GemmRate MeasureGemmRate(int64_t m, int64_t n, int64_t k, double seconds) {
   do {
     const auto t0 = Clock::now();
     for (int i = 0; i < per_round; ++i) model::Gemm(m, n, k, a.data(), k, b.data(), n, c.data(), n, false);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    r.calls += per_round;
+    r.flops_per_s = std::max(r.flops_per_s, flops * per_round / std::max(s, 1e-9));
+    if (s < 0.01) per_round *= 2;
+  } while (Clock::now() < end);
+  return r;
+}
+
+namespace {
+
+// Device buffers freed at scope exit (their errors are the probe's least concern).
+struct DeviceBuffers {
+  std::vector<void*> ptrs;
+  ~DeviceBuffers() {
+    for (void* p : ptrs) model::cuda::Free(p).IgnoreError();
+  }
+  Result<void*> Zeroed(size_t bytes) {
+    STRATA_ASSIGN_OR_RETURN(void* p, model::cuda::Malloc(bytes));
+    ptrs.push_back(p);
+    const std::vector<char> zeros(bytes, 0);
+    STRATA_RETURN_IF_ERROR(model::cuda::CopyToDevice(p, zeros.data(), bytes));
+    return p;
+  }
+};
+
+}  // namespace
+
+Result<GemmRate> MeasureDeviceGemmRate(int64_t m, int64_t n, int64_t k, DType weights, double seconds) {
+  using Clock = std::chrono::steady_clock;
+  STRATA_RETURN_IF_ERROR(model::cuda::DeviceAvailable());
+  GemmRate r{m, n, k, 0, 0, "cuBLAS"};
+  DeviceBuffers buf;
+  STRATA_ASSIGN_OR_RETURN(void* x, buf.Zeroed(static_cast<size_t>(m * k) * sizeof(float)));
+  STRATA_ASSIGN_OR_RETURN(void* w, buf.Zeroed(static_cast<size_t>(n * k) * DTypeSize(weights)));
+  STRATA_ASSIGN_OR_RETURN(void* b, buf.Zeroed(static_cast<size_t>(n) * DTypeSize(weights)));
+  STRATA_ASSIGN_OR_RETURN(void* y, buf.Zeroed(static_cast<size_t>(m * n) * sizeof(float)));
+  auto call = [&] {
+    return model::cuda::LinearForward(nullptr, static_cast<const float*>(x), m, k, n, w, b, weights,
+                                      static_cast<float*>(y));
+  };
+  STRATA_RETURN_IF_ERROR(call());  // cuBLAS's handle and workspace come with the first call
+  STRATA_RETURN_IF_ERROR(model::cuda::StreamSynchronize(nullptr));
+  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  int per_round = 1;
+  do {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < per_round; ++i) STRATA_RETURN_IF_ERROR(call());
+    STRATA_RETURN_IF_ERROR(model::cuda::StreamSynchronize(nullptr));
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     r.calls += per_round;
     r.flops_per_s = std::max(r.flops_per_s, flops * per_round / std::max(s, 1e-9));

@@ -107,6 +107,8 @@ TEST_F(GptTrainCli, PrintsStepsValidationAndSampleAndLogsEachLine) {
               throughput["model_flops_per_s"].get<double>() / throughput["gemm_flops_per_s"].get<double>(),
               1e-12);
   EXPECT_EQ(throughput["gemm_shape"], "[64 x 16] x [16 x 64]");  // micro-batch 4 x seq 16, n_embd 16
+  EXPECT_EQ(throughput["gemm_library"], "Gemm");                 // the sim device: the CPU's products
+  EXPECT_THAT(r.out, HasSubstr("Gemm's best on [64 x 16] x [16 x 64] here now"));
   EXPECT_EQ(train_steps, (std::vector<int>{1, 2, 3}));
   EXPECT_EQ(val_steps, (std::vector<int>{0, 2, 3}));
   // The memory line counts the token files, which opening them reads whole: their bytes
