@@ -76,6 +76,12 @@ void GemmBuiltin(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, c
 // What Gemm runs on now, e.g. "oneDNN 2.6.3 (AVX-512 kernels)", or "built-in".
 const char* GemmLibrary();
 
+// Runs Gemm once on each of its paths (a matrix product, a one-row and a one-column one,
+// k past a chunk; overwrite and accumulate) on small scratch it frees, so that the
+// library has generated its kernels (oneDNN's JIT) and paged in its code: what a
+// process measures after this is what a training step's products will hold. Any thread.
+void WarmMatrixProducts();
+
 // Whether GemmBuiltin uses the AVX2 + FMA micro-kernel on this machine.
 bool GemmUsesAvx2();
 // For tests: Gemm runs on GemmBuiltin with its plain (non-AVX2) micro-kernel from now on,

@@ -32,7 +32,7 @@ Choice PlanOnRankZero(const Communicator& world, const tools::PlanModel& model, 
   r.model = model;
   r.world_size = world.size();
   r.micro_batch = config.train_micro_batch_size_per_gpu;
-  r.process_base = tools::CurrentRssBytes();  // before the probes' buffers
+  r.process_base = tools::MeasureProcessBase();  // before the probes' buffers
   const auto t0 = std::chrono::steady_clock::now();
   Result<tools::LaneRates> rates = tools::MeasurePlanRates(r);
   Result<std::vector<tools::PlanCandidate>> all = rates.status();

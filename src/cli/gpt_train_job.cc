@@ -190,7 +190,7 @@ struct Loop {
 int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& guard) {
   const bool rank0 = world.rank() == 0;
   StartRun(world, job.config, guard);
-  const uint64_t base_rss = tools::CurrentRssBytes();  // before the engine and the model
+  const uint64_t base_rss = tools::MeasureProcessBase();  // before the engine and the model
   const model::TokenFile train = OpenTokens(job.train_path, "training");
   const model::TokenFile val = OpenTokens(job.val_path, "validation");
   Result<std::optional<model::BpeTokenizer>> bpe = model::LoadDataTokenizer(job.train_path, train.vocab());

@@ -263,7 +263,7 @@ void Run(PlanFlags& f) {
   r.world_size = f.world_size;
   r.micro_batch = config->train_micro_batch_size_per_gpu;
   WorldForTheAccount world;
-  r.process_base = tools::CurrentRssBytes();  // before the probes' buffers
+  r.process_base = tools::MeasureProcessBase();  // before the probes' buffers
   Result<tools::LaneRates> rates = f.profile.empty() ? tools::MeasurePlanRates(r) : LoadProfile(f.profile);
   ThrowIfError(rates.status());
   r.rates = *rates;

@@ -55,7 +55,7 @@ nlohmann::json Report(const TrainJob& job, const EngineLayoutInfo& l, const zero
 int RunTrainJob(Communicator& world, const TrainJob& job, InterruptGuard& guard) {
   const bool rank0 = world.rank() == 0;
   StartRun(world, job.config, guard);
-  const uint64_t base_rss = tools::CurrentRssBytes();  // before the engine and the model
+  const uint64_t base_rss = tools::MeasureProcessBase();  // before the engine and the model
   auto setup = tools::CreateMlpEngine(world, job.config, job.model, nullptr);
   if (!setup.ok()) return EndFailedRun(setup.status(), guard);
   const EngineLayoutInfo layout = setup->engine->layout_info();

@@ -186,4 +186,16 @@ void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const fl
   });
 }
 
+void WarmMatrixProducts() {
+  // k = 1100 crosses gemm_blas.cc's k chunk twice; 1 x n and m x 1 take its padded path.
+  constexpr int64_t kRows = 96, kCols = 96, kDepth = 1100;
+  std::vector<float> a(kRows * kDepth, 0.5f), b(kDepth * kCols, 0.25f), c(kRows * kCols, 0.0f);
+  for (const bool accumulate : {false, true}) {
+    Gemm(kRows, kCols, kDepth, a.data(), kDepth, b.data(), kCols, c.data(), kCols, accumulate);
+    Gemm(1, kCols, kDepth, a.data(), kDepth, b.data(), kCols, c.data(), kCols, accumulate);
+    Gemm(kRows, 1, kDepth, a.data(), kDepth, b.data(), kCols, c.data(), kCols, accumulate);
+    Gemm(8, 8, 8, a.data(), 8, b.data(), 8, c.data(), 8, accumulate);
+  }
+}
+
 }  // namespace strata::model

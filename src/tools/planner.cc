@@ -197,7 +197,7 @@ Result<std::vector<PlanCandidate>> PlanConfigurations(const PlanRequest& r) {
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(dopt));
   const bool shared_cpu = device->kind() != DeviceKind::kCuda;
   const bool with_nvme = !SwapPaths(r.base, r.base.zero.offload_optimizer).empty();
-  const Planning g{r, *world, *device, shared_cpu, r.process_base ? r.process_base : CurrentRssBytes()};
+  const Planning g{r, *world, *device, shared_cpu, r.process_base ? r.process_base : MeasureProcessBase()};
   std::vector<PlanCandidate> out;
   for (const Combo& k : Combos(with_nvme)) {
     PlanCandidate p;

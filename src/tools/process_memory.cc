@@ -4,7 +4,10 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
+#include <string>
 
+#include "strata/mlp_kernels.h"
 #include "strata/units.h"
 #include "tools/step_traffic.h"
 
@@ -39,6 +42,41 @@ uint64_t CurrentRssBytes() {
   const int got = std::fscanf(f, "%llu %llu", &size, &resident);
   std::fclose(f);
   return got == 2 ? resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) : 0;
+}
+
+uint64_t UntouchedOwnCodeBytes() {
+  char exe[4096];
+  const ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (len <= 0 || f == nullptr) {
+    if (f != nullptr) std::fclose(f);
+    return 0;
+  }
+  const std::string self(exe, static_cast<size_t>(len));
+  char line[4352];
+  bool own_code = false;
+  unsigned long long size_kib = 0, rss_kib = 0, untouched_kib = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long long v = 0;
+    char perms[8] = {}, path[4097] = {};
+    // A mapping's header: "start-end perms offset dev inode [path]".
+    if (std::sscanf(line, "%*[0-9a-f]-%*[0-9a-f] %7s %*s %*s %*s %4096s", perms, path) >= 1 &&
+        std::strchr(line, '-') && std::strlen(perms) == 4) {
+      own_code = perms[2] == 'x' && self == path;
+    } else if (own_code && std::sscanf(line, "Size: %llu kB", &v) == 1) {
+      size_kib = v;
+    } else if (own_code && std::sscanf(line, "Rss: %llu kB", &v) == 1) {
+      rss_kib = v;
+      untouched_kib += size_kib > rss_kib ? size_kib - rss_kib : 0;
+    }
+  }
+  std::fclose(f);
+  return untouched_kib * 1024;
+}
+
+uint64_t MeasureProcessBase() {
+  model::WarmMatrixProducts();
+  return CurrentRssBytes() + UntouchedOwnCodeBytes();
 }
 
 ProcessMemory EstimateProcessMemory(uint64_t base, const EngineLayoutInfo& layout, const Config& config,

@@ -23,8 +23,20 @@ bool ResetPeakRss();
 // The process's resident set now (/proc/self/statm); 0 where it cannot be read.
 uint64_t CurrentRssBytes();
 
+// The bytes of this executable's code that are not resident now (its executable
+// mappings' Size less their Rss in /proc/self/smaps): a run may still execute any of it.
+// 0 where smaps cannot be read.
+uint64_t UntouchedOwnCodeBytes();
+
+// ProcessMemory::base, measured now, before the engine and the model exist: the resident
+// set after model::WarmMatrixProducts (so the BLAS's generated kernels and code are in
+// it, which a run's first products would add: about 6 MB of oneDNN's here), plus
+// UntouchedOwnCodeBytes. Call it on the thread that will train, once MPI has started.
+uint64_t MeasureProcessBase();
+
 // The process memory a training run needs beside the engine's device and pinned host
-// needs, as `strata plan` counts it: the binary, libraries and MPI as loaded (`base`), the
+// needs, as `strata plan` counts it: the binary, libraries and MPI as loaded, with the
+// code a run will execute (`base`, MeasureProcessBase), the
 // engine's creation scratch (a whole fp32 chunk, its compute copy, and one fp32 master |
 // m | v of the elements this rank steps, as InitParams fills them; it also bounds the
 // shard of compute values that streamed shards keep for whole-shard writes, which comes

@@ -28,7 +28,7 @@ std::string SwapDir(const Config& c) {
 
 Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const StepBenchOptions& o,
                              Timeline* timeline) {
-  const uint64_t base_rss = CurrentRssBytes();  // before the engine and the model
+  const uint64_t base_rss = MeasureProcessBase();  // before the engine and the model
   ResetPeakRss();                               // this run's own peak, not an earlier run's in this process
   StepRunOptions run;
   run.steps = o.steps + 1;  // one warm-up step records the pattern and touches memory
