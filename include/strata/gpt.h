@@ -169,6 +169,8 @@ class Gpt {
 
   Result<double> Run(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                      double normaliser, ModuleHooks& hooks, bool backward);
+  Result<double> RunPass(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
+                         double normaliser, ModuleHooks& hooks, bool backward);
   Status CheckBatch(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                     double normaliser) const;
   Status EnsureWorkspace(int64_t batch, int64_t seq);

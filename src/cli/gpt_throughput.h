@@ -16,7 +16,8 @@ namespace strata::cli {
 // model flops a rank computes per second at that rate (model::GptFlopsPerSequence, split
 // over `world` ranks), and the best rate of the backend's products on [micro_batch x seq,
 // n_embd] x [n_embd, 4 n_embd] (the MLP's first product) over about 0.3 s: model::Gemm on
-// this rank's threads for kCpu, cuBLAS with `weights` as the model's parameters for kCuda.
+// this rank's threads for kCpu, the CUDA linear layer (cuBLAS, with its conversions and
+// bias) with `weights` as the model's parameters for kCuda.
 // Keys: tokens_per_s, steps_timed, first_step, model_flops_per_s, gemm_flops_per_s,
 // gemm_shape, gemm_library, mfu; where the GPU's probe failed, gemm_error instead of the
 // rate and the MFU. Empty when there are no steps.
@@ -25,8 +26,8 @@ nlohmann::json GptThroughput(const model::GptSpec& spec, int64_t seq, int64_t mi
                              DType weights = DType::kF32);
 
 // "throughput: 11.6K tokens/s (median of steps 3-40); model flops 1.23 GFLOP/s a rank, MFU
-// 41% of 3.01 GFLOP/s, Gemm's best on [1024 x 128] x [128 x 512] here now" (cuBLAS's on a
-// GPU; "no MFU: <why>" where its probe failed).
+// 41% of 3.01 GFLOP/s, Gemm's best on [1024 x 128] x [128 x 512] here now" (the CUDA
+// linear layer's on a GPU; "no MFU: <why>" where its probe failed).
 std::string ThroughputLine(const nlohmann::json& t);
 
 }  // namespace strata::cli

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -222,8 +223,8 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
   ts.recompute = job.config.activation_checkpointing;
   ts.eval_batches = job.run.eval_batches;
   ts.check_stop = [&guard] { return guard.Check(); };
-  zero::GptTrainer trainer(*setup->engine, world, job.config, ts, train, &val);
-  ThrowIfError(trainer.Check());
+  auto trainer = std::make_unique<zero::GptTrainer>(*setup->engine, world, job.config, ts, train, &val);
+  ThrowIfError(trainer->Check());
   const EngineLayoutInfo layout = setup->engine->layout_info();
   if (rank0 && !job.json) PrintSummary(job, layout, train, val, world.size());
   const nlohmann::json identity = RunIdentity(job, train);
@@ -237,18 +238,19 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
     if (rank0) log.Write(line);
     if (print) std::printf("%s\n", SaveLine(line).c_str());
   });
-  Loop loop{job, world, *setup->engine, trainer, train, log, print, saver, *bpe};
+  Loop loop{job, world, *setup->engine, *trainer, train, log, print, saver, *bpe};
   Status status = loop.Train(*from);
   if (status.ok()) status = loop.Sample();
   if (!status.ok()) {
     setup->engine.reset();  // closes the stores: their swap and lock files go
     return EndFailedRun(status, guard);
   }
-  // The engine goes first: the matrices of the products' probe then take memory it freed
-  // instead of adding to the run's peak. Every rank measures them at once, sharing the
-  // cores as training did.
+  // The model and the engine go first: the matrices of the products' probe then take
+  // memory they freed instead of adding to the run's peak. Every rank measures them at
+  // once, sharing the cores as training did.
   const Backend backend = setup->engine->model_backend();
   const DType weights = setup->engine->compute_dtype();
+  trainer.reset();  // `loop` calls it no more
   setup->engine.reset();
   const nlohmann::json throughput =
       GptThroughput(job.model, job.seq, job.config.train_micro_batch_size_per_gpu, world.size(), loop.steps,

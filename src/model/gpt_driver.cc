@@ -70,6 +70,7 @@ Result<double> Gpt::Forward(const int32_t* tokens, const int32_t* targets, int64
 }
 
 Status Gpt::CopyLogits(int64_t first_row, int64_t rows, float* out) const {
+  STRATA_RETURN_IF_ERROR(ops_status_);
   if (first_row < 0 || rows < 0 || first_row + rows > rows_ || (rows > 0 && out == nullptr)) {
     return InvalidArgumentError("GPT: logits rows [" + std::to_string(first_row) + ", " +
                                 std::to_string(first_row + rows) + ") are not in the latest pass's " +
@@ -118,10 +119,9 @@ Status Gpt::CheckBatch(const int32_t* tokens, const int32_t* targets, int64_t ba
 }
 
 Status Gpt::EnsureWorkspace(int64_t batch, int64_t seq) {
-  batch_ = batch;
-  seq_ = seq;
-  rows_ = batch * seq;
-  const int64_t n = rows_, c = spec_.n_embd, v = spec_.vocab_size;
+  // No pass's rows are valid until the workspace holds this one's.
+  batch_ = seq_ = rows_ = 0;
+  const int64_t n = batch * seq, c = spec_.n_embd, v = spec_.vocab_size;
   GptOps& ops = *ops_;
   Workspace& w = *ws_;
   STRATA_RETURN_IF_ERROR(Floats(ops, w.block_in, (spec_.n_layer + 1) * n * c));
@@ -145,18 +145,34 @@ Status Gpt::EnsureWorkspace(int64_t batch, int64_t seq) {
   STRATA_RETURN_IF_ERROR(Floats(ops, w.dtmp, n * c));
   STRATA_RETURN_IF_ERROR(Floats(ops, w.dwide, n * 4 * c));
   STRATA_RETURN_IF_ERROR(Floats(ops, w.dqkv, n * 3 * c));
-  if (w.zero_bias.bytes() == 0) {
-    STRATA_RETURN_IF_ERROR(Floats(ops, w.zero_bias, v));
-    STRATA_RETURN_IF_ERROR(ops.Zero(w.zero_bias.f(), v));
+  // Zeroed once: the head's bias, and its gradient's sink (which the head's flag may add to).
+  for (GptBuffer* b : {&w.zero_bias, &w.dbias_scratch}) {
+    if (b->bytes() > 0) continue;
+    STRATA_RETURN_IF_ERROR(Floats(ops, *b, v));
+    STRATA_RETURN_IF_ERROR(ops.Zero(b->f(), v));
   }
-  STRATA_RETURN_IF_ERROR(Floats(ops, w.dbias_scratch, v));
   STRATA_RETURN_IF_ERROR(ops.Grow(w.tokens, n * static_cast<int64_t>(sizeof(int32_t))));
-  return ops.Grow(w.targets, n * static_cast<int64_t>(sizeof(int32_t)));
+  STRATA_RETURN_IF_ERROR(ops.Grow(w.targets, n * static_cast<int64_t>(sizeof(int32_t))));
+  batch_ = batch;
+  seq_ = seq;
+  rows_ = n;
+  return OkStatus();
 }
 
 Result<double> Gpt::Run(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                         double normaliser, ModuleHooks& hooks, bool backward) {
   STRATA_RETURN_IF_ERROR(CheckBatch(tokens, targets, batch, seq, normaliser));
+  Result<double> loss = RunPass(tokens, targets, batch, seq, normaliser, hooks, backward);
+  if (!loss.ok()) {
+    // Kernels a failed pass left queued may still read the hooks' buffers, which the
+    // caller frees or reuses once it has the error: let them finish first.
+    ops_->Finish().IgnoreError();
+  }
+  return loss;
+}
+
+Result<double> Gpt::RunPass(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
+                            double normaliser, ModuleHooks& hooks, bool backward) {
   STRATA_RETURN_IF_ERROR(EnsureWorkspace(batch, seq));
   Workspace& w = *ws_;
   const int64_t id_bytes = rows_ * static_cast<int64_t>(sizeof(int32_t));

@@ -50,7 +50,8 @@ class GptOps {
   // `b` holds at least `bytes`; its contents are lost when it grows.
   Status Grow(GptBuffer& b, int64_t bytes) {
     if (bytes <= b.bytes_) return OkStatus();
-    b.mem_.reset();  // the old buffer goes first: both never live at once
+    if (b.bytes_ > 0) STRATA_RETURN_IF_ERROR(Finish());  // no queued kernel still uses it
+    b.mem_.reset();                                      // the old buffer goes first: both never live at once
     b.bytes_ = 0;
     STRATA_ASSIGN_OR_RETURN(b.mem_, Allocate(bytes));
     b.bytes_ = bytes;

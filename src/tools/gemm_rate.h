@@ -16,7 +16,7 @@ struct GemmRate {
   int64_t m = 0, n = 0, k = 0;  // C [m, n] = A [m, k] B [k, n]
   double flops_per_s = 0;       // 2 m n k per call, the best of the timed rounds
   int calls = 0;
-  std::string library = "Gemm";  // whose products: "Gemm" (CPU) or "cuBLAS"
+  std::string library = "Gemm";  // whose products: "Gemm" (CPU) or "the CUDA linear layer"
   std::string Shape() const;     // "[1024 x 128] x [128 x 512]"
 };
 

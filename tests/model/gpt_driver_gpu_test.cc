@@ -23,6 +23,8 @@
 #include "strata/mlp_kernels.h"
 #include "zero/chain_model.h"
 #if STRATA_HAVE_CUDA
+#include <cuda_runtime.h>
+
 #include "model/cuda/matmul.h"
 #endif
 
@@ -35,10 +37,13 @@ using testing::HashTokens;
 
 // Hands out device copies of what `inner` (host memory) hands out: parameters at Fetch
 // and BeginBackward, the gradients' current values too (a flag may say add); at
-// EndBackward the device gradients are copied back into the inner store's.
+// EndBackward the device gradients are copied back into the inner store's. The driver's
+// work runs on `stream` (non-blocking, as the engine's compute stream): Release and
+// EndBackward wait for it, as the engine does, before the copies go or are read.
 class DeviceMirrorHooks : public ModuleHooks {
  public:
-  DeviceMirrorHooks(ModuleHooks& inner, const ModelDecl& model) : inner_(inner), model_(model) {}
+  DeviceMirrorHooks(ModuleHooks& inner, const ModelDecl& model, void* stream)
+      : inner_(inner), model_(model), stream_(stream) {}
   ~DeviceMirrorHooks() override { FreeAll(); }
 
   Result<ModuleParams> Fetch(int m) override {
@@ -46,6 +51,7 @@ class DeviceMirrorHooks : public ModuleHooks {
     return Mirror(m, p);
   }
   Status Release(int m) override {
+    STRATA_RETURN_IF_ERROR(cuda::StreamSynchronize(stream_));
     FreeAll();
     return inner_.Release(m);
   }
@@ -64,8 +70,7 @@ class DeviceMirrorHooks : public ModuleHooks {
     return out;
   }
   Status EndBackward(int m) override {
-    // The driver enqueued the gradients' kernels on the default stream; wait for them.
-    STRATA_RETURN_IF_ERROR(cuda::StreamSynchronize(nullptr));
+    STRATA_RETURN_IF_ERROR(cuda::StreamSynchronize(stream_));
     for (size_t i = 0; i < host_grads_.size(); ++i) {
       STRATA_RETURN_IF_ERROR(cuda::CopyToHost(host_grads_[i], device_grads_[i], Numel(m, i) * sizeof(float)));
     }
@@ -93,13 +98,13 @@ class DeviceMirrorHooks : public ModuleHooks {
     return p;
   }
   void FreeAll() {
-    // cudaFree waits for the device, so nothing still reads what goes.
     for (void* d : live_) EXPECT_TRUE(cuda::Free(d).ok());
     live_.clear();
   }
 
   ModuleHooks& inner_;
   const ModelDecl& model_;
+  void* stream_;
   std::vector<void*> live_;
   std::vector<float*> host_grads_, device_grads_;
 };
@@ -111,8 +116,19 @@ class GptDriverGpuTest : public testing::GpuTest {
     if (IsSkipped()) return;
 #if STRATA_HAVE_CUDA
     cuda::SetMatmulPrecision(cuda::MatmulPrecision::kFp32);
+    cudaStream_t s = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    stream_ = s;
 #endif
   }
+  void TearDown() override {
+#if STRATA_HAVE_CUDA
+    if (stream_ != nullptr) {
+      EXPECT_EQ(cudaStreamDestroy(static_cast<cudaStream_t>(stream_)), cudaSuccess);
+    }
+#endif
+  }
+  void* stream_ = nullptr;  // the driver's: non-blocking, as the engine's compute stream
 };
 
 ::strata::testing::TensorInit SpecInit(const GptSpec& spec) {
@@ -141,18 +157,23 @@ struct Case {
 };
 
 // One pass on each backend from the same store; the loss, every gradient, the call order
-// and (after a Forward) the logits agree.
-void CompareBackends(const Case& c) {
+// and (after a Forward) the logits agree. The CUDA driver first runs a smaller pass (on a
+// store of its own), so that its workspace grows between passes.
+void CompareBackends(const Case& c, void* stream) {
   SCOPED_TRACE(c.name);
   const int64_t n = c.batch * c.seq;
   const std::vector<int32_t> tokens = HashTokens(n, 4, 1, c.spec.vocab_size);
   const std::vector<int32_t> targets = HashTokens(n, 4, 2, c.spec.vocab_size);
-  Gpt cpu(c.spec), gpu(c.spec, Backend::kCuda);
+  Gpt cpu(c.spec), gpu(c.spec, Backend::kCuda, stream);
   cpu.set_recompute(c.recompute);
   gpu.set_recompute(c.recompute);
-  DenseHooks cpu_store(cpu.modules(), c.dtype, SpecInit(c.spec)), gpu_store = cpu_store;
+  DenseHooks cpu_store(cpu.modules(), c.dtype, SpecInit(c.spec)), gpu_store = cpu_store, scratch = cpu_store;
+  {
+    DeviceMirrorHooks small(scratch, gpu.modules(), stream);
+    ASSERT_TRUE(gpu.ForwardBackward(tokens.data(), targets.data(), 1, c.seq - 1, 1.0, small).ok());
+  }
   CheckingHooks cpu_hooks(cpu_store, cpu.modules()), gpu_checked(gpu_store, gpu.modules());
-  DeviceMirrorHooks gpu_hooks(gpu_checked, gpu.modules());
+  DeviceMirrorHooks gpu_hooks(gpu_checked, gpu.modules(), stream);
   const double norm = static_cast<double>(n);
   Result<double> a = cpu.ForwardBackward(tokens.data(), targets.data(), c.batch, c.seq, norm, cpu_hooks);
   Result<double> b = gpu.ForwardBackward(tokens.data(), targets.data(), c.batch, c.seq, norm, gpu_hooks);
@@ -179,7 +200,7 @@ TEST_F(GptDriverGpuTest, MatchesTheCpuDriver) {
                         Case{"fp32, untied, recompute, a short sequence", untied, DType::kF32, true, 3, 19},
                         Case{"bf16, tied, recompute", tied, DType::kBf16, true, 2, 16},
                         Case{"fp16, untied", untied, DType::kFp16, false, 1, 24}}) {
-    CompareBackends(c);
+    CompareBackends(c, stream_);
   }
 }
 
@@ -188,12 +209,12 @@ TEST_F(GptDriverGpuTest, MatchesTheCpuDriver) {
 TEST_F(GptDriverGpuTest, HonoursEachTensorsAccumulateFlag) {
   const GptSpec spec{64, 16, 2, 2, 32, true, 3};
   const std::vector<int32_t> tokens = HashTokens(32, 4, 1, 64), targets = HashTokens(32, 4, 2, 64);
-  Gpt cpu(spec), gpu(spec, Backend::kCuda);
+  Gpt cpu(spec), gpu(spec, Backend::kCuda, stream_);
   DenseHooks cpu_store(cpu.modules(), DType::kF32, SpecInit(spec)), gpu_store = cpu_store;
   CheckingHooks cpu_hooks(cpu_store, cpu.modules()), gpu_checked(gpu_store, gpu.modules());
   cpu_hooks.ForceAccumulateOnOddTensors(0.75f);
   gpu_checked.ForceAccumulateOnOddTensors(0.75f);
-  DeviceMirrorHooks gpu_hooks(gpu_checked, gpu.modules());
+  DeviceMirrorHooks gpu_hooks(gpu_checked, gpu.modules(), stream_);
   ASSERT_TRUE(cpu.ForwardBackward(tokens.data(), targets.data(), 2, 16, 32.0, cpu_hooks).ok());
   ASSERT_TRUE(gpu.ForwardBackward(tokens.data(), targets.data(), 2, 16, 32.0, gpu_hooks).ok());
   for (size_t t = 0; t < cpu.modules().tensors.size(); ++t) {
@@ -206,10 +227,10 @@ TEST_F(GptDriverGpuTest, HonoursEachTensorsAccumulateFlag) {
 TEST_F(GptDriverGpuTest, IsDeterministic) {
   const GptSpec spec{97, 24, 3, 4, 48, false, 5};
   const std::vector<int32_t> tokens = HashTokens(48, 6, 1, 97), targets = HashTokens(48, 6, 2, 97);
-  Gpt gpu(spec, Backend::kCuda);
+  Gpt gpu(spec, Backend::kCuda, stream_);
   DenseHooks first(gpu.modules(), DType::kF32, SpecInit(spec)), second = first;
   for (DenseHooks* store : {&first, &second}) {
-    DeviceMirrorHooks hooks(*store, gpu.modules());
+    DeviceMirrorHooks hooks(*store, gpu.modules(), stream_);
     ASSERT_TRUE(gpu.ForwardBackward(tokens.data(), targets.data(), 2, 24, 48.0, hooks).ok());
   }
   for (size_t t = 0; t < gpu.modules().tensors.size(); ++t) {

@@ -180,6 +180,8 @@ TEST(GptDriver, CudaBackendWithoutAGpuIsUnavailable) {
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
   EXPECT_NE(s.message().find("GPT on the CUDA backend"), std::string::npos) << s.ToString();
   EXPECT_TRUE(hooks.log().empty());
+  float logit = 0;
+  EXPECT_EQ(gpu.CopyLogits(0, 0, &logit).code(), StatusCode::kUnavailable);
 }
 
 // The workspace is grown once and reused: a driver that ran a larger batch computes a

@@ -82,7 +82,7 @@ inline void FillGptBatch(const GptSetup& setup, int64_t first, int64_t n, std::v
 // ones on its compute stream on a GPU.
 inline ChainRun RunGptEngine(Communicator& world, const Config& config, const GptSetup& setup) {
   const ModelDecl decl = model::GptModel(setup.spec);
-  auto dev = EngineDevice(config);
+  auto dev = EngineDevice(config, config.strata.device);
   if (!dev.ok()) return FailedRun(dev.status());
   auto engine = Engine::Create(config, decl, GptInit(setup.spec), EngineResources{&world, dev->get()});
   if (!engine.ok()) return FailedRun(engine.status());

@@ -43,6 +43,7 @@ Config CudaGptConfig(const Combo& c, const std::string& extra) {
 
 void ExpectCloseToReference(const ChainRun& run, const ChainRun& ref, const std::string& what) {
   ASSERT_TRUE(run.status.ok()) << what << ": " << run.status.ToString();
+  EXPECT_EQ(run.model_backend, Backend::kCuda) << what << ": the GPT did not run its CUDA kernels";
   ASSERT_EQ(run.losses.size(), ref.losses.size()) << what;
   for (size_t i = 0; i < ref.losses.size(); ++i) {
     EXPECT_NEAR(run.losses[i], ref.losses[i], kCudaGptRtol * std::fabs(ref.losses[i]))

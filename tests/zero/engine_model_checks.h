@@ -92,7 +92,8 @@ struct ChainRun {
   std::vector<double> eval_losses;         // GPT runs with GptSetup::evaluate
   std::vector<std::vector<float>> params;  // final fp32 masters, by tensor id
   uint64_t device_high_water = 0, device_capacity = 0;
-  EngineLayoutInfo layout;  // engine runs only
+  EngineLayoutInfo layout;                // engine runs only
+  Backend model_backend = Backend::kCpu;  // where the model's kernels ran (engine runs)
 };
 
 inline ChainRun FailedRun(Status status) {
@@ -113,6 +114,7 @@ inline ChainRun FinishRun(ChainRun run, Status trained, Engine& e, Device& dev, 
   run.device_high_water = dev.high_water();
   run.device_capacity = dev.capacity();
   run.layout = e.layout_info();
+  run.model_backend = e.model_backend();
   return run;
 }
 

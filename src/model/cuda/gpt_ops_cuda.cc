@@ -14,16 +14,20 @@ namespace {
 
 class CudaGptOps final : public GptOps {
  public:
-  explicit CudaGptOps(void* stream) : stream_(stream) {}
+  CudaGptOps(void* stream, int device) : stream_(stream), device_(device) {}
   Backend backend() const override { return Backend::kCuda; }
 
   Status Upload(void* dst, const void* src, int64_t bytes) override {
+    // Each pass starts with its batch's upload: the calling thread's current device is
+    // then the stream's for every launch of the pass.
+    STRATA_RETURN_IF_ERROR(SetDevice());
     // From pageable memory the call returns once the source is staged: it may be reused.
     return cuda::CudaStatus(
         cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, s()),
         "GPT upload of " + std::to_string(bytes) + " bytes");
   }
   Status Download(void* dst, const void* src, int64_t bytes) override {
+    STRATA_RETURN_IF_ERROR(SetDevice());
     STRATA_RETURN_IF_ERROR(
         cuda::CudaStatus(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, s()),
                          "GPT download of " + std::to_string(bytes) + " bytes"));
@@ -93,6 +97,7 @@ class CudaGptOps final : public GptOps {
  protected:
   Result<std::unique_ptr<void, void (*)(void*)>> Allocate(int64_t bytes) override {
     void* p = nullptr;
+    STRATA_RETURN_IF_ERROR(SetDevice());
     STRATA_RETURN_IF_ERROR(
         cuda::CudaStatus(cudaMalloc(&p, static_cast<size_t>(bytes)),
                          "cudaMalloc of " + std::to_string(bytes) + " bytes of GPT workspace"));
@@ -102,8 +107,10 @@ class CudaGptOps final : public GptOps {
 
  private:
   cudaStream_t s() const { return static_cast<cudaStream_t>(stream_); }
+  Status SetDevice() const { return cuda::CudaStatus(cudaSetDevice(device_), "cudaSetDevice for the GPT"); }
 
   void* stream_;
+  int device_;  // the stream's device
   GptBuffer row_loss_, loss_;
 };
 
@@ -111,7 +118,14 @@ class CudaGptOps final : public GptOps {
 
 Result<std::unique_ptr<GptOps>> CreateCudaGptOps(void* stream) {
   STRATA_RETURN_IF_ERROR(cuda::DeviceAvailable());
-  return std::unique_ptr<GptOps>(std::make_unique<CudaGptOps>(stream));
+  int device = 0;
+  if (stream != nullptr) {
+    STRATA_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &device),
+                                            "cudaStreamGetDevice of the GPT's stream"));
+  } else {
+    STRATA_RETURN_IF_ERROR(cuda::CudaStatus(cudaGetDevice(&device), "cudaGetDevice"));
+  }
+  return std::unique_ptr<GptOps>(std::make_unique<CudaGptOps>(stream, device));
 }
 
 }  // namespace strata::model
