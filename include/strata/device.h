@@ -69,6 +69,11 @@ struct DeviceOptions {
   // the GPU's free memory (0: the free memory at creation, less 5% headroom for the
   // CUDA context and kernels). A budget above the free memory is OutOfBudget.
   uint64_t capacity = 0;
+  // cuda: device memory the model allocates itself beside the budget (its activations):
+  // a capacity of 0 leaves it out of the free memory too, and a budget that with it
+  // exceeds the free memory is OutOfBudget, naming both. Ignored on sim, where the
+  // model's memory is the host's.
+  uint64_t model_bytes = 0;
 };
 
 inline constexpr uint64_t kDefaultSimCapacity = 8ull << 30;

@@ -212,7 +212,11 @@ int RunGptTrainJob(Communicator& world, const GptTrainJob& job, InterruptGuard& 
     if (rank0 && !job.json)
       std::printf("initial weights: %s (%d tensors)\n", job.run.init_from.c_str(), from->tensors);
   }
-  auto setup = tools::CreateModelEngine(world, job.config, model::GptModel(spec), init, nullptr);
+  const double activations =
+      tools::GptActivationBytes(job.model, job.seq, job.config.activation_checkpointing) *
+      static_cast<double>(job.config.train_micro_batch_size_per_gpu);
+  auto setup = tools::CreateModelEngine(world, job.config, model::GptModel(spec), init, nullptr,
+                                        static_cast<uint64_t>(activations));
   if (!setup.ok()) return EndFailedRun(setup.status(), guard);
   if (init_error && !init_error->ok()) return EndFailedRun(init_error->WithContext("--init-from"), guard);
   zero::GptTrainSpec ts;

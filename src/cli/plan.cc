@@ -161,9 +161,11 @@ std::string Report(const tools::PlanRequest& r, const std::vector<tools::PlanCan
     out += "  process: " + FormatBytes(m.total()) + "  the binary, libraries and MPI as loaded (" +
            FormatBytes(m.base) + "), the engine's creation scratch (" + FormatBytes(m.creation) + "), " +
            (m.data > 0 ? "the token files (" + FormatBytes(m.data) + "), " : "") + "and " +
-           (m.activations_counted ? "the activations (" + FormatBytes(m.activations) +
-                                        ", an upper bound; device memory on a GPU), not pinned\n"
-                                  : "not the activations (not counted), not pinned\n");
+           (!m.activations_counted ? "not the activations (not counted), not pinned\n"
+            : m.activations_on_device
+                ? "not the activations, which on a GPU are device memory beside its budget (" +
+                      FormatBytes(m.activations) + ", an upper bound), not pinned\n"
+                : "the activations (" + FormatBytes(m.activations) + ", an upper bound), not pinned\n");
     out +=
         "  (each tier's total above also holds what its budget leaves room for: spares, staging depth, "
         "resident chunks, gather buffers)\n";

@@ -1,14 +1,46 @@
 #include "tools/model_engine.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tools/plan_model.h"
+
 namespace strata::tools {
 
+namespace {
+
+// This rank's place among the ranks on its node (by host name); collective.
+Result<int> NodeLocalRank(Communicator& world) {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const uint64_t mine = std::hash<std::string>{}(host);
+  std::vector<uint64_t> all(static_cast<size_t>(world.size()));
+  STRATA_RETURN_IF_ERROR(world.AllGather(&mine, all.data(), 2, DType::kF32).Wait());  // 8 bytes a rank
+  return static_cast<int>(std::count(all.begin(), all.begin() + world.rank(), mine));
+}
+
+}  // namespace
+
 Result<ModelEngine> CreateModelEngine(Communicator& world, const Config& config, ModelDecl model,
-                                      const ParamInit& init, Timeline* timeline) {
+                                      const ParamInit& init, Timeline* timeline,
+                                      uint64_t model_device_bytes) {
   ModelEngine e;
   DeviceOptions dopt;
   dopt.kind = config.strata.device;
   dopt.index = config.strata.device_index;
+  // Several ranks on a node take a GPU each, as DeepSpeed's LOCAL_RANK does (on the sim
+  // device the index is not used).
+  if (world.size() > 1) {
+    STRATA_ASSIGN_OR_RETURN(const int local, NodeLocalRank(world));
+    dopt.index += local;
+  }
   dopt.capacity = config.strata.device_budget;
+  dopt.model_bytes = model_device_bytes;
   STRATA_ASSIGN_OR_RETURN(e.device, CreateDevice(dopt));
   EngineResources res{&world, e.device.get()};
   res.timeline = timeline;
@@ -16,7 +48,7 @@ Result<ModelEngine> CreateModelEngine(Communicator& world, const Config& config,
   // collective there).
   if (e.device->kind() == DeviceKind::kCuda && world.size() > 1) {
     NcclOptions nopt;
-    nopt.device = config.strata.device_index;
+    nopt.device = dopt.index;
     CommOptions copt;
     copt.name = "engine-nccl";
     copt.collective_timeout_s = config.strata.collective_timeout_s;
@@ -32,7 +64,10 @@ Result<ModelEngine> CreateMlpEngine(Communicator& world, const Config& config, c
   ParamInit init = [model](TensorId id, int64_t b, int64_t n, float* out) {
     model::InitMlpTensor(model, id, b, n, out);
   };
-  return CreateModelEngine(world, config, model::MlpModules(model), init, timeline);
+  const double activations =
+      MlpActivationBytes(model) * static_cast<double>(config.train_micro_batch_size_per_gpu);
+  return CreateModelEngine(world, config, model::MlpModules(model), init, timeline,
+                           static_cast<uint64_t>(activations));
 }
 
 }  // namespace strata::tools

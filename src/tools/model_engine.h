@@ -21,12 +21,16 @@ struct ModelEngine {
 };
 
 // Creates the device the config names, then the engine over `world` for `model`,
-// initialised by `init`. Collective over `world`. `timeline` may be null. Errors: those
-// of CreateDevice, CreateNcclCommunicator and Engine::Create.
+// initialised by `init`. `model_device_bytes`: what the model's driver allocates on a GPU
+// itself (its activations at the micro-batch), which the device budget leaves room for
+// (DeviceOptions::model_bytes). Collective over `world`. `timeline` may be null. Errors:
+// those of CreateDevice, CreateNcclCommunicator and Engine::Create.
 Result<ModelEngine> CreateModelEngine(Communicator& world, const Config& config, ModelDecl model,
-                                      const ParamInit& init, Timeline* timeline);
+                                      const ParamInit& init, Timeline* timeline,
+                                      uint64_t model_device_bytes = 0);
 
-// The reference MLP's engine (model::MlpModules, initialised by model::InitMlpTensor).
+// The reference MLP's engine (model::MlpModules, initialised by model::InitMlpTensor),
+// with its activations at the config's micro-batch beside the device budget.
 Result<ModelEngine> CreateMlpEngine(Communicator& world, const Config& config, const model::MlpSpec& model,
                                     Timeline* timeline);
 

@@ -194,6 +194,9 @@ Result<std::vector<PlanCandidate>> PlanConfigurations(const PlanRequest& r) {
   dopt.kind = r.base.strata.device;
   dopt.index = r.base.strata.device_index;
   dopt.capacity = r.base.strata.device_budget;
+  // On a GPU the model's activations are device memory beside the engine's budget.
+  dopt.model_bytes =
+      static_cast<uint64_t>(r.model.activation_bytes_per_sample * static_cast<double>(r.micro_batch));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(dopt));
   const bool shared_cpu = device->kind() != DeviceKind::kCuda;
   const bool with_nvme = !SwapPaths(r.base, r.base.zero.offload_optimizer).empty();

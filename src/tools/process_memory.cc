@@ -87,6 +87,7 @@ ProcessMemory EstimateProcessMemory(uint64_t base, const EngineLayoutInfo& layou
   m.base = base;
   m.creation = chunk * (4 + ComputeBytes(config)) + 12 * opt;
   m.activations = static_cast<uint64_t>(activation_bytes_per_sample * static_cast<double>(micro_batch));
+  m.activations_on_device = config.strata.device == DeviceKind::kCuda;
   return m;
 }
 
@@ -95,6 +96,7 @@ std::string PlanMemoryText(const EngineLayoutInfo& layout, const ProcessMemory& 
          FormatBytes(layout.host_need) + " + process " + FormatBytes(p.total()) +
          " (binary, libraries and MPI " + FormatBytes(p.base) + ", creation scratch " +
          FormatBytes(p.creation) + ", activations at most " + FormatBytes(p.activations) +
+         (p.activations_on_device ? " on the device, not in this total" : "") +
          (p.data > 0 ? ", data files " + FormatBytes(p.data) : "") + ")";
 }
 

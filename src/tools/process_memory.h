@@ -40,8 +40,8 @@ uint64_t MeasureProcessBase();
 // engine's creation scratch (a whole fp32 chunk, its compute copy, and one fp32 master |
 // m | v of the elements this rank steps, as InitParams fills them; it also bounds the
 // shard of compute values that streamed shards keep for whole-shard writes, which comes
-// later and is smaller), and the model's activations. On the sim device all of it is host memory; on a GPU
-// the activations are device memory beside the engine's budget.
+// later and is smaller), and the model's activations. On the sim device all of it is
+// host memory; on a GPU the activations are device memory beside the engine's budget.
 struct ProcessMemory {
   uint64_t base = 0;
   uint64_t creation = 0;
@@ -52,7 +52,10 @@ struct ProcessMemory {
   // false: the model's activations are unknown (PlanModel::activations_counted), so
   // `activations` is 0 and the total leaves them out; reports say so.
   bool activations_counted = true;
-  uint64_t total() const { return base + creation + activations + data; }
+  // On a GPU the activations are device memory, beside the engine's device budget
+  // (DeviceOptions::model_bytes), and not in the process's total.
+  bool activations_on_device = false;
+  uint64_t total() const { return base + creation + (activations_on_device ? 0 : activations) + data; }
 };
 // `layout`: the engine's plan under `config`.
 ProcessMemory EstimateProcessMemory(uint64_t base, const EngineLayoutInfo& layout, const Config& config,

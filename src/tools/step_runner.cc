@@ -1,6 +1,7 @@
 #include "tools/step_runner.h"
 
 #include "tools/model_engine.h"
+#include "tools/plan_model.h"
 #include "zero/gpt_trainer.h"
 
 namespace strata::tools {
@@ -27,8 +28,9 @@ StepRunner GptStepRunner(const model::GptSpec& spec, int64_t seq,
     ParamInit init = [spec](TensorId t, int64_t b, int64_t n, float* out) {
       model::InitGptTensor(spec, t, b, n, out);
     };
-    STRATA_ASSIGN_OR_RETURN(ModelEngine e,
-                            CreateModelEngine(world, config, model::GptModel(spec), init, o.timeline));
+    const double activations = GptActivationBytes(spec, seq, recompute) * static_cast<double>(o.micro_batch);
+    STRATA_ASSIGN_OR_RETURN(ModelEngine e, CreateModelEngine(world, config, model::GptModel(spec), init,
+                                                             o.timeline, static_cast<uint64_t>(activations)));
     zero::GptTrainSpec ts;
     ts.model = spec;
     ts.seq = seq;

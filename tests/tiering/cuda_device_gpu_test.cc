@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "strata/device.h"
@@ -45,6 +46,25 @@ TEST_F(CudaDeviceTest, CapacityIsEnforced) {
   dev_->Free(*a);
   EXPECT_EQ(dev_->allocated(), 0u);
   EXPECT_EQ(dev_->high_water(), 768ull << 20);
+}
+
+// DeviceOptions::model_bytes: the budget leaves room for what the model allocates itself.
+TEST_F(CudaDeviceTest, LeavesRoomForTheModelsOwnMemory) {
+  auto info = QueryCudaDevice(0);
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  const uint64_t free = info->free_memory, slack = 64ull << 20;  // free memory drifts a little
+  auto d = CreateDevice({DeviceKind::kCuda, 0, 0, free / 2});
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_LE((*d)->capacity(), free - free / 2 - free / 20 + slack);
+  EXPECT_GE((*d)->capacity() + slack, free - free / 2 - free / 20);
+  d->reset();
+  auto over = CreateDevice({DeviceKind::kCuda, 0, free - free / 4, free / 2});
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), StatusCode::kOutOfBudget);
+  EXPECT_NE(over.status().message().find("the model's own"), std::string::npos) << over.status().ToString();
+  auto none = CreateDevice({DeviceKind::kCuda, 0, 0, free});
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("leaves no room"), std::string::npos) << none.status().ToString();
 }
 
 TEST_F(CudaDeviceTest, PinnedAndPageableRoundTrip) {

@@ -54,6 +54,13 @@ TEST(SimDevice, CapacityIsEnforcedWithOutOfBudget) {
   EXPECT_EQ(d->high_water(), 0u);
 }
 
+// On sim the model's memory is the host's: DeviceOptions::model_bytes changes nothing.
+TEST(SimDevice, TheModelsOwnMemoryIsNotItsBudgets) {
+  auto d = CreateDevice({DeviceKind::kSim, 0, 1ull << 20, 1ull << 40});
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ((*d)->capacity(), 1ull << 20);
+}
+
 TEST(SimDevice, AllocationsAreAlignedAndRounded) {
   auto d = MakeSim();
   auto a = d->Allocate(1);

@@ -301,16 +301,26 @@ class CudaDevice final : public Device {
 Result<std::unique_ptr<Device>> CreateCudaDevice(const DeviceOptions& options) {
   STRATA_ASSIGN_OR_RETURN(CudaDeviceInfo info, QueryCudaDevice(options.index));
   // Headroom for the CUDA context, cuBLAS workspaces and kernels' own allocations.
-  uint64_t usable = info.free_memory - info.free_memory / 20;
-  uint64_t capacity = options.capacity == 0 ? usable : options.capacity;
-  if (capacity > info.free_memory) {
-    return OutOfBudgetError("cuda:" + std::to_string(options.index) + " (" + info.name + "): device budget " +
-                            FormatBytes(capacity) + " exceeds the GPU's free memory " +
-                            FormatBytes(info.free_memory) + "; lower strata.device_budget");
+  const uint64_t headroom = info.free_memory / 20, model = options.model_bytes;
+  const std::string gpu = "cuda:" + std::to_string(options.index) + " (" + info.name + ")";
+  if (options.capacity == 0 && model + headroom >= info.free_memory) {
+    return OutOfBudgetError(gpu + ": the model's own device memory (its activations) " + FormatBytes(model) +
+                            " leaves no room for the engine in the GPU's free memory " +
+                            FormatBytes(info.free_memory) +
+                            "; lower the micro-batch or turn on activation_checkpointing");
+  }
+  const uint64_t capacity = options.capacity == 0 ? info.free_memory - headroom - model : options.capacity;
+  if (capacity + model > info.free_memory) {
+    return OutOfBudgetError(
+        gpu + ": device budget " + FormatBytes(capacity) +
+        (model > 0 ? " and the model's own " + FormatBytes(model) + " (its activations)" : "") +
+        " exceed the GPU's free memory " + FormatBytes(info.free_memory) + "; lower strata.device_budget" +
+        (model > 0 ? " or the micro-batch" : ""));
   }
   STRATA_LOG(kInfo, "device") << "cuda:" << options.index << " " << info.name << " (" << info.pci_bus_id
                               << "), budget " << FormatBytes(capacity) << " of "
-                              << FormatBytes(info.total_memory);
+                              << FormatBytes(info.total_memory)
+                              << (model > 0 ? ", beside the model's own " + FormatBytes(model) : "");
   return std::unique_ptr<Device>(
       std::make_unique<CudaDevice>(options.index, capacity, info.name, info.pci_bus_id));
 }
