@@ -8,6 +8,7 @@
 #include <set>
 
 #include "cli/commands.h"
+#include "strata/device.h"
 #include "strata/units.h"
 
 namespace strata::cli {
@@ -232,6 +233,10 @@ Result<Config> BuildConfig(const TrainFlags& f, std::map<std::string, std::strin
   }
   if (z.empty()) j.erase("zero_optimization");  // z is not used past here
   STRATA_ASSIGN_OR_RETURN(Config config, ParseConfig(j));
+  // Resolved once here, so that the reports and the step model say which it is.
+  if (config.strata.device == DeviceKind::kAuto) {
+    config.strata.device = ProbeCuda().available ? DeviceKind::kCuda : DeviceKind::kSim;
+  }
   if (config.strata.plan == "auto") SetPlanSwapPaths(f, &config);
   if (!config.gradient_accumulation_given && config.train_batch_size == 0) {
     (*origin)["gradient_accumulation_steps"] = "default";

@@ -29,7 +29,7 @@ std::string SwapDir(const Config& c) {
 Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const StepBenchOptions& o,
                              Timeline* timeline) {
   const uint64_t base_rss = MeasureProcessBase();  // before the engine and the model
-  ResetPeakRss();                               // this run's own peak, not an earlier run's in this process
+  ResetPeakRss();  // this run's own peak, not an earlier run's in this process
   StepRunOptions run;
   run.steps = o.steps + 1;  // one warm-up step records the pattern and touches memory
   run.micro_batch = o.micro_batch;
@@ -160,7 +160,9 @@ std::string RunText(const Config& c, const StepBenchOptions& o, int world_size, 
          FormatBytes(static_cast<uint64_t>(planned.copy_bytes)) + ", collectives " +
          FormatBytes(static_cast<uint64_t>(planned.comm_bytes)) + " (strata plan's prediction)\n";
   out += "  high water           device " + FormatBytes(main.last.device_high_water) + " (budget " +
-         (c.strata.device_budget ? FormatBytes(c.strata.device_budget) : std::string("sim default")) +
+         (c.strata.device_budget
+              ? FormatBytes(c.strata.device_budget)
+              : std::string(c.strata.device == DeviceKind::kCuda ? "free memory" : "sim default")) +
          "), host " + FormatBytes(main.last.host_high_water) + " (budget " +
          (c.strata.host_budget ? FormatBytes(c.strata.host_budget) : std::string("derived")) + ")\n";
   out += "  process peak RSS     " + FormatBytes(main.peak_rss) + " (" +

@@ -98,9 +98,13 @@ class CudaGptOps final : public GptOps {
   Result<std::unique_ptr<void, void (*)(void*)>> Allocate(int64_t bytes) override {
     void* p = nullptr;
     STRATA_RETURN_IF_ERROR(SetDevice());
-    STRATA_RETURN_IF_ERROR(
-        cuda::CudaStatus(cudaMalloc(&p, static_cast<size_t>(bytes)),
-                         "cudaMalloc of " + std::to_string(bytes) + " bytes of GPT workspace"));
+    const cudaError_t err = cudaMalloc(&p, static_cast<size_t>(bytes));
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // not a launch error for the kernels that come next
+      return cuda::CudaStatus(err, "cudaMalloc of " + std::to_string(bytes) +
+                                       " bytes of GPT workspace (lower the micro-batch, or turn on "
+                                       "activation_checkpointing)");
+    }
     // cudaFree waits for the device: buffers only go when they grow or the driver goes.
     return std::unique_ptr<void, void (*)(void*)>(p, [](void* q) { (void)cudaFree(q); });
   }
