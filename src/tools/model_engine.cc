@@ -12,9 +12,6 @@
 
 namespace strata::tools {
 
-namespace {
-
-// This rank's place among the ranks on its node (by host name); collective.
 Result<int> NodeLocalRank(Communicator& world) {
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
@@ -23,8 +20,6 @@ Result<int> NodeLocalRank(Communicator& world) {
   STRATA_RETURN_IF_ERROR(world.AllGather(&mine, all.data(), 2, DType::kF32).Wait());  // 8 bytes a rank
   return static_cast<int>(std::count(all.begin(), all.begin() + world.rank(), mine));
 }
-
-}  // namespace
 
 Result<ModelEngine> CreateModelEngine(Communicator& world, const Config& config, ModelDecl model,
                                       const ParamInit& init, Timeline* timeline,

@@ -20,7 +20,12 @@ struct ModelEngine {
   std::unique_ptr<Engine> engine;
 };
 
-// Creates the device the config names, then the engine over `world` for `model`,
+// This rank's place among the ranks on its node (by host name): 0 .. ranks on the node
+// - 1, in rank order. Collective over `world`.
+Result<int> NodeLocalRank(Communicator& world);
+
+// Creates the device the config names (on a GPU, strata.device_index plus the rank's
+// NodeLocalRank), then the engine over `world` for `model`,
 // initialised by `init`. `model_device_bytes`: what the model's driver allocates on a GPU
 // itself (its activations at the micro-batch), which the device budget leaves room for
 // (DeviceOptions::model_bytes). Collective over `world`. `timeline` may be null. Errors:
