@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <vector>
 
 #include "strata/mlp_cuda.h"
@@ -14,23 +15,43 @@ std::string GemmRate::Shape() const {
          std::to_string(n) + "]";
 }
 
-GemmRate MeasureGemmRate(int64_t m, int64_t n, int64_t k, double seconds) {
+namespace {
+
+// Rounds of calls, `run(n)` making n calls and waiting for them, doubled until a round
+// takes ~10 ms (so that the clock's resolution does not set the figure), for about
+// `seconds`; r's rate is the best round's.
+Status TimeRounds(double seconds, const std::function<Status(int)>& run, GemmRate* r) {
   using Clock = std::chrono::steady_clock;
-  GemmRate r{m, n, k, 0, 0};
-  std::vector<float> a(m * k, 0.5f), b(k * n, 0.25f), c(m * n, 0.0f);
-  model::Gemm(m, n, k, a.data(), k, b.data(), n, c.data(), n, false);  // warm caches and threads
-  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  const double flops =
+      2.0 * static_cast<double>(r->m) * static_cast<double>(r->n) * static_cast<double>(r->k);
   const auto end = Clock::now() + std::chrono::duration<double>(seconds);
-  // Rounds of at least ~10 ms, so that the clock's resolution does not set the figure.
   int per_round = 1;
   do {
     const auto t0 = Clock::now();
-    for (int i = 0; i < per_round; ++i) model::Gemm(m, n, k, a.data(), k, b.data(), n, c.data(), n, false);
+    STRATA_RETURN_IF_ERROR(run(per_round));
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    r.calls += per_round;
-    r.flops_per_s = std::max(r.flops_per_s, flops * per_round / std::max(s, 1e-9));
+    r->calls += per_round;
+    r->flops_per_s = std::max(r->flops_per_s, flops * per_round / std::max(s, 1e-9));
     if (s < 0.01) per_round *= 2;
   } while (Clock::now() < end);
+  return OkStatus();
+}
+
+}  // namespace
+
+GemmRate MeasureGemmRate(int64_t m, int64_t n, int64_t k, double seconds) {
+  GemmRate r{m, n, k, 0, 0};
+  std::vector<float> a(m * k, 0.5f), b(k * n, 0.25f), c(m * n, 0.0f);
+  auto gemm = [&] { model::Gemm(m, n, k, a.data(), k, b.data(), n, c.data(), n, false); };
+  gemm();  // warm caches and threads
+  TimeRounds(
+      seconds,
+      [&](int calls) {
+        for (int i = 0; i < calls; ++i) gemm();
+        return OkStatus();
+      },
+      &r)
+      .IgnoreError();  // the CPU's products cannot fail
   return r;
 }
 
@@ -56,7 +77,6 @@ struct DeviceBuffers {
 }  // namespace
 
 Result<GemmRate> MeasureDeviceGemmRate(int64_t m, int64_t n, int64_t k, DType weights, double seconds) {
-  using Clock = std::chrono::steady_clock;
   STRATA_RETURN_IF_ERROR(model::cuda::DeviceAvailable());
   GemmRate r{m, n, k, 0, 0, "the CUDA linear layer"};
   DeviceBuffers buf;
@@ -70,18 +90,13 @@ Result<GemmRate> MeasureDeviceGemmRate(int64_t m, int64_t n, int64_t k, DType we
   };
   STRATA_RETURN_IF_ERROR(call());  // cuBLAS's handle and workspace come with the first call
   STRATA_RETURN_IF_ERROR(model::cuda::StreamSynchronize(nullptr));
-  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
-  int per_round = 1;
-  do {
-    const auto t0 = Clock::now();
-    for (int i = 0; i < per_round; ++i) STRATA_RETURN_IF_ERROR(call());
-    STRATA_RETURN_IF_ERROR(model::cuda::StreamSynchronize(nullptr));
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    r.calls += per_round;
-    r.flops_per_s = std::max(r.flops_per_s, flops * per_round / std::max(s, 1e-9));
-    if (s < 0.01) per_round *= 2;
-  } while (Clock::now() < end);
+  STRATA_RETURN_IF_ERROR(TimeRounds(
+      seconds,
+      [&](int calls) -> Status {
+        for (int i = 0; i < calls; ++i) STRATA_RETURN_IF_ERROR(call());
+        return model::cuda::StreamSynchronize(nullptr);
+      },
+      &r));
   return r;
 }
 

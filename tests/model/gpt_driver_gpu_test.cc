@@ -24,8 +24,6 @@
 #include "zero/chain_model.h"
 #if STRATA_HAVE_CUDA
 #include <cuda_runtime.h>
-
-#include "model/cuda/matmul.h"
 #endif
 
 namespace strata::model {
@@ -109,13 +107,12 @@ class DeviceMirrorHooks : public ModuleHooks {
   std::vector<float*> host_grads_, device_grads_;
 };
 
-class GptDriverGpuTest : public testing::GpuTest {
+class GptDriverGpuTest : public testing::Fp32ProductsGpuTest {
  protected:
   void SetUp() override {
-    GpuTest::SetUp();
+    Fp32ProductsGpuTest::SetUp();
     if (IsSkipped()) return;
 #if STRATA_HAVE_CUDA
-    cuda::SetMatmulPrecision(cuda::MatmulPrecision::kFp32);
     cudaStream_t s = nullptr;
     ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
     stream_ = s;

@@ -31,24 +31,14 @@
 #include "strata/mlp_cuda.h"
 #include "strata/mlp_kernels.h"
 #include "strata/model.h"
-#if STRATA_HAVE_CUDA
-#include "model/cuda/matmul.h"
-#endif
 
 namespace strata::model {
 namespace {
 
 constexpr double kU = 1.0 / (1 << 24);
 
-class GptGpuTest : public testing::GpuTest {
+class GptGpuTest : public testing::Fp32ProductsGpuTest {
  protected:
-  void SetUp() override {
-    GpuTest::SetUp();
-    if (IsSkipped()) return;
-#if STRATA_HAVE_CUDA
-    cuda::SetMatmulPrecision(cuda::MatmulPrecision::kFp32);
-#endif
-  }
   // A parameter as the device holds it (`dtype`); `exact` becomes its fp32 value.
   const void* UploadParam(const std::vector<float>& v, DType dtype, std::vector<float>& exact) {
     exact = v;

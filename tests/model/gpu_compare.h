@@ -14,6 +14,9 @@
 
 #include "strata/mlp_cuda.h"
 #include "strata/model.h"
+#if STRATA_HAVE_CUDA
+#include "model/cuda/matmul.h"
+#endif
 
 namespace strata::model::testing {
 
@@ -45,6 +48,19 @@ class GpuTest : public ::testing::Test {
 
  private:
   std::vector<void*> allocations_;
+};
+
+// A GpuTest whose matrix products run in fp32 (no TF32, no 16-bit rounding of the
+// inputs): the precision the CPU comparisons' tolerances are stated for.
+class Fp32ProductsGpuTest : public GpuTest {
+ protected:
+  void SetUp() override {
+    GpuTest::SetUp();
+    if (IsSkipped()) return;
+#if STRATA_HAVE_CUDA
+    cuda::SetMatmulPrecision(cuda::MatmulPrecision::kFp32);
+#endif
+  }
 };
 
 inline std::vector<float> Random(int64_t n, uint64_t stream, float scale = 1.0f, float offset = 0.0f) {
