@@ -88,8 +88,12 @@ PlanTime PredictPlanTime(const LaneRates& r, const LaneWork& w, bool shared_cpu,
   if (w.micro_batches > 1 && between > 0) {
     // The gradient shards of the first a-1 micro-batches go to disk and back while those
     // micro-batches run; the state's reads and writes wait for the last one's backward
-    // (the speculative step). Two phases, each as fast as its slowest resource.
+    // (the speculative step). Two phases, each as fast as its slowest resource. The
+    // shards' reads are on the backward's path, as the gathers' are: the reduction reads
+    // a shard back before it adds the micro-batch's gradient to it, and the backward
+    // waits for the buffers the reduction holds meanwhile.
     const double f = static_cast<double>(w.micro_batches - 1) / w.micro_batches;
+    const double shard_reads = Over(w.nvme_between_read_bytes, r.nvme_read_bytes_per_s);
     Lanes first = t.lanes, last = t.lanes;
     for (size_t i = 0; i < t.lanes.size(); ++i) {
       const std::string& name = t.lanes[i].first;
@@ -97,7 +101,7 @@ PlanTime PredictPlanTime(const LaneRates& r, const LaneWork& w, bool shared_cpu,
       first[i].second = per_micro_batch ? f * t.lanes[i].second : 0;
       last[i].second = t.lanes[i].second - first[i].second;
     }
-    const Phase a = Overlap(first, f * gathers, between, factor, shared_cpu);
+    const Phase a = Overlap(first, f * gathers + shard_reads, between, factor, shared_cpu);
     const Phase b = Overlap(last, (1 - f) * gathers, std::max(0.0, t.disk_s - between), factor, shared_cpu);
     t.accumulation_s = a.seconds;
     t.overlapped_s = a.seconds + b.seconds;

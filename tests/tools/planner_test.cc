@@ -81,7 +81,7 @@ TEST(EnginePlan, IsThePlanTheEngineAllocates) {
     EXPECT_FALSE(std::filesystem::exists(Swap())) << "a plan creates no swap directory or file";
     auto world = CreateMirrorWorld(1);
     ASSERT_TRUE(world.ok());
-    Result<ModelEngine> e = CreateMlpEngine(**world, c, Model(), nullptr);
+    Result<ModelEngine> e = CreateMlpEngine(**world, c, Model(), c.train_micro_batch_size_per_gpu, nullptr);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     const EngineLayoutInfo& made = e->engine->layout_info();
     EXPECT_EQ(plan->device_need, made.device_need) << k.stage << k.opt << k.param;
@@ -148,7 +148,8 @@ struct ThreeSteps {
 };
 Result<ThreeSteps> RunThreeSteps(const Config& c, const model::MlpSpec& spec) {
   STRATA_ASSIGN_OR_RETURN(auto world, CreateMirrorWorld(1));
-  STRATA_ASSIGN_OR_RETURN(ModelEngine e, CreateMlpEngine(*world, c, spec, nullptr));
+  STRATA_ASSIGN_OR_RETURN(ModelEngine e,
+                          CreateMlpEngine(*world, c, spec, c.train_micro_batch_size_per_gpu, nullptr));
   STRATA_ASSIGN_OR_RETURN(zero::TrainLog log, TrainThreeSteps(*e.engine, *world, c, spec));
   return ThreeSteps{e.engine->layout_info(), log.results[2]};
 }
@@ -163,7 +164,7 @@ TEST_P(TrafficTest, MatchesTheCountersOfARealStep) {
   const Config c = MakeConfig(k, R"({"strata": {"overlap": true}})");
   auto world = CreateMirrorWorld(1);
   ASSERT_TRUE(world.ok());
-  Result<ModelEngine> e = CreateMlpEngine(**world, c, Model(), nullptr);
+  Result<ModelEngine> e = CreateMlpEngine(**world, c, Model(), c.train_micro_batch_size_per_gpu, nullptr);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   zero::TrainSpec spec;
   spec.model = Model();
@@ -281,7 +282,7 @@ TEST(TrafficTest, StreamedShardsReadEveryGatherAndGradientPiecesGoThroughTheDisk
     auto world = CreateMirrorWorld(1);
     ASSERT_TRUE(world.ok());
     const Config c = config(budget);
-    Result<ModelEngine> e = CreateMlpEngine(**world, c, spec, nullptr);
+    Result<ModelEngine> e = CreateMlpEngine(**world, c, spec, c.train_micro_batch_size_per_gpu, nullptr);
     if (!e.ok()) continue;
     const EngineLayoutInfo& l = e->engine->layout_info();
     ASSERT_GT(l.param_stream_pieces, 0) << "the least budgets must stream, at " << budget;
@@ -355,7 +356,8 @@ TEST(PlanTime, HandWorkedOnSharedCoresAndOnAGpu) {
 }
 
 // With accumulation, the gradient shards' traffic before the last micro-batch cannot
-// share the disk with the state's after it: two stretches, each its slowest resource.
+// share the disk with the state's after it: two stretches, each its slowest resource,
+// the shards' reads on the backward's path in the first.
 TEST(PlanTime, AccumulationTimesTheMicroBatchesBeforeTheLastApart) {
   LaneRates r;
   r.copy_bytes_per_s = 10e9;
@@ -376,10 +378,13 @@ TEST(PlanTime, AccumulationTimesTheMicroBatchesBeforeTheLastApart) {
     EXPECT_DOUBLE_EQ(t.serial_s, 1.4);
   }
   EXPECT_EQ(t.critical, "nvme (micro-batches before the last: compute)");
-  w.nvme_between_read_bytes = 0.6e9;  // now 0.4 s before the last: the disk's there too
+  // 0.6 GB more read before the last: 0.4 s of disk there, and the reads (0.3 s) on the
+  // backward's path, as the reduction reads each shard back before it adds to it.
+  w.nvme_between_read_bytes = 0.6e9;
   t = PredictPlanTime(r, w, true, OffloadDevice::kNvme, 3);
-  EXPECT_DOUBLE_EQ(t.accumulation_s, 0.4);
-  EXPECT_DOUBLE_EQ(t.overlapped_s, 0.4 + 0.6);
+  EXPECT_DOUBLE_EQ(t.accumulation_s, 0.3 + 0.3);
+  EXPECT_DOUBLE_EQ(t.overlapped_s, 0.6 + 0.6);
+  EXPECT_EQ(t.critical, "nvme (micro-batches before the last: cpu + gather reads)");
 }
 
 // The work of a step that only steps `params` optimizer elements.
