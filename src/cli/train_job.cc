@@ -56,7 +56,8 @@ int RunTrainJob(Communicator& world, const TrainJob& job, InterruptGuard& guard)
   const bool rank0 = world.rank() == 0;
   StartRun(world, job.config, guard);
   const uint64_t base_rss = tools::MeasureProcessBase();  // before the engine and the model
-  auto setup = tools::CreateMlpEngine(world, job.config, job.model, nullptr);
+  auto setup = tools::CreateMlpEngine(world, job.config, job.model, job.config.train_micro_batch_size_per_gpu,
+                                      nullptr);
   if (!setup.ok()) return EndFailedRun(setup.status(), guard);
   const EngineLayoutInfo layout = setup->engine->layout_info();
   if (rank0 && !job.json) PrintSummary(job, layout, world.size());

@@ -30,9 +30,11 @@ Result<ModelEngine> CreateModelEngine(Communicator& world, const Config& config,
   dopt.index = config.strata.device_index;
   // Several ranks on a node take a GPU each, as DeepSpeed's LOCAL_RANK does (on the sim
   // device the index is not used).
+  // A launcher that shows each rank one GPU (CUDA_VISIBLE_DEVICES, SLURM's binding) has
+  // already chosen: then the index stays.
   if (world.size() > 1) {
     STRATA_ASSIGN_OR_RETURN(const int local, NodeLocalRank(world));
-    dopt.index += local;
+    if (ProbeCuda().device_count > 1) dopt.index += local;
   }
   dopt.capacity = config.strata.device_budget;
   dopt.model_bytes = model_device_bytes;
@@ -55,12 +57,11 @@ Result<ModelEngine> CreateModelEngine(Communicator& world, const Config& config,
 }
 
 Result<ModelEngine> CreateMlpEngine(Communicator& world, const Config& config, const model::MlpSpec& model,
-                                    Timeline* timeline) {
+                                    int64_t micro_batch, Timeline* timeline) {
   ParamInit init = [model](TensorId id, int64_t b, int64_t n, float* out) {
     model::InitMlpTensor(model, id, b, n, out);
   };
-  const double activations =
-      MlpActivationBytes(model) * static_cast<double>(config.train_micro_batch_size_per_gpu);
+  const double activations = MlpActivationBytes(model) * static_cast<double>(micro_batch);
   return CreateModelEngine(world, config, model::MlpModules(model), init, timeline,
                            static_cast<uint64_t>(activations));
 }

@@ -25,7 +25,7 @@ struct ModelEngine {
 Result<int> NodeLocalRank(Communicator& world);
 
 // Creates the device the config names (on a GPU, strata.device_index plus the rank's
-// NodeLocalRank), then the engine over `world` for `model`,
+// NodeLocalRank where the process sees several GPUs), then the engine over `world` for `model`,
 // initialised by `init`. `model_device_bytes`: what the model's driver allocates on a GPU
 // itself (its activations at the micro-batch), which the device budget leaves room for
 // (DeviceOptions::model_bytes). Collective over `world`. `timeline` may be null. Errors:
@@ -35,8 +35,8 @@ Result<ModelEngine> CreateModelEngine(Communicator& world, const Config& config,
                                       uint64_t model_device_bytes = 0);
 
 // The reference MLP's engine (model::MlpModules, initialised by model::InitMlpTensor),
-// with its activations at the config's micro-batch beside the device budget.
+// with its activations at `micro_batch` (the rows it will run) beside the device budget.
 Result<ModelEngine> CreateMlpEngine(Communicator& world, const Config& config, const model::MlpSpec& model,
-                                    Timeline* timeline);
+                                    int64_t micro_batch, Timeline* timeline);
 
 }  // namespace strata::tools

@@ -79,7 +79,10 @@ double GptActivationBytes(const model::GptSpec& s, int64_t seq, bool recompute) 
   const double c = static_cast<double>(s.n_embd), t = static_cast<double>(seq);
   const double layer = t * (16 * c + 4 + 2.0 * s.n_head * t);
   const double blocks = recompute ? layer + s.n_layer * t * c : s.n_layer * layer;
-  return 4 * (blocks + t * (2 * c + 2 + 2.0 * s.vocab_size));
+  // The backward's scratch: the residual stream's gradient, a temporary of its width, one
+  // of the MLP's (4 n_embd) and the qkv gradient (3 n_embd).
+  const double backward = 9 * t * c;
+  return 4 * (blocks + backward + t * (2 * c + 2 + 2.0 * s.vocab_size));
 }
 
 // Each layer's pre-activation and output, two gradient buffers of the widest layer, the

@@ -1,6 +1,8 @@
 #include "tools/process_memory.h"
 
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -45,24 +47,27 @@ uint64_t CurrentRssBytes() {
 }
 
 uint64_t UntouchedOwnCodeBytes() {
-  char exe[4096];
-  const ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  // The executable's mappings by device and inode, which hold when its path has spaces
+  // or the file was replaced while it runs (smaps then says "(deleted)").
+  struct stat exe {};
   FILE* f = std::fopen("/proc/self/smaps", "r");
-  if (len <= 0 || f == nullptr) {
+  if (stat("/proc/self/exe", &exe) != 0 || f == nullptr) {
     if (f != nullptr) std::fclose(f);
     return 0;
   }
-  const std::string self(exe, static_cast<size_t>(len));
   char line[4352];
   bool own_code = false;
   unsigned long long size_kib = 0, rss_kib = 0, untouched_kib = 0;
   while (std::fgets(line, sizeof line, f) != nullptr) {
-    unsigned long long v = 0;
-    char perms[8] = {}, path[4097] = {};
-    // A mapping's header: "start-end perms offset dev inode [path]".
-    if (std::sscanf(line, "%*[0-9a-f]-%*[0-9a-f] %7s %*s %*s %*s %4096s", perms, path) >= 1 &&
-        std::strchr(line, '-') && std::strlen(perms) == 4) {
-      own_code = perms[2] == 'x' && self == path;
+    unsigned long long v = 0, inode = 0;
+    unsigned dev_major = 0, dev_minor = 0;
+    char perms[8] = {};
+    // A mapping's header: "start-end perms offset major:minor inode [path]".
+    if (std::sscanf(line, "%*[0-9a-f]-%*[0-9a-f] %7s %*s %x:%x %llu", perms, &dev_major, &dev_minor,
+                    &inode) == 4 &&
+        std::strlen(perms) == 4) {
+      own_code = perms[2] == 'x' && inode == exe.st_ino && dev_major == major(exe.st_dev) &&
+                 dev_minor == minor(exe.st_dev);
     } else if (own_code && std::sscanf(line, "Size: %llu kB", &v) == 1) {
       size_kib = v;
     } else if (own_code && std::sscanf(line, "Rss: %llu kB", &v) == 1) {

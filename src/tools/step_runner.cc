@@ -8,7 +8,7 @@ namespace strata::tools {
 
 StepRunner MlpStepRunner(const model::MlpSpec& spec) {
   return [spec](Communicator& world, const Config& config, const StepRunOptions& o) -> Result<StepLog> {
-    STRATA_ASSIGN_OR_RETURN(ModelEngine e, CreateMlpEngine(world, config, spec, o.timeline));
+    STRATA_ASSIGN_OR_RETURN(ModelEngine e, CreateMlpEngine(world, config, spec, o.micro_batch, o.timeline));
     zero::TrainSpec t;
     t.model = spec;
     t.data.seed = o.data_seed;

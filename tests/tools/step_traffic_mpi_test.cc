@@ -62,7 +62,7 @@ class TrafficMpiTest : public ::testing::TestWithParam<Combo> {};
 TEST_P(TrafficMpiTest, MatchesEveryRanksCounters) {
   Communicator& world = MpiWorld();
   const Config c = MakeConfig(GetParam());
-  Result<ModelEngine> e = CreateMlpEngine(world, c, Model(), nullptr);
+  Result<ModelEngine> e = CreateMlpEngine(world, c, Model(), c.train_micro_batch_size_per_gpu, nullptr);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   zero::TrainSpec spec;
   spec.model = Model();
