@@ -37,8 +37,6 @@ Result<bool> PairAccumulate(GptOps& ops, const ModuleGrads& g, size_t a, int64_t
   return true;
 }
 
-Status Floats(GptOps& ops, GptBuffer& b, int64_t n) { return ops.GrowFloats(b, n); }
-
 }  // namespace
 
 Gpt::Gpt(GptSpec spec, Backend backend, void* stream)
@@ -124,31 +122,31 @@ Status Gpt::EnsureWorkspace(int64_t batch, int64_t seq) {
   const int64_t n = batch * seq, c = spec_.n_embd, v = spec_.vocab_size;
   GptOps& ops = *ops_;
   Workspace& w = *ws_;
-  STRATA_RETURN_IF_ERROR(Floats(ops, w.block_in, (spec_.n_layer + 1) * n * c));
-  STRATA_RETURN_IF_ERROR(Floats(ops, w.lnf, n * c));
-  STRATA_RETURN_IF_ERROR(Floats(ops, w.lnf_mean, n));
-  STRATA_RETURN_IF_ERROR(Floats(ops, w.lnf_rstd, n));
-  STRATA_RETURN_IF_ERROR(Floats(ops, w.logits, n * v));
+  STRATA_RETURN_IF_ERROR(ops.GrowFloats(w.block_in, (spec_.n_layer + 1) * n * c));
+  STRATA_RETURN_IF_ERROR(ops.GrowFloats(w.lnf, n * c));
+  STRATA_RETURN_IF_ERROR(ops.GrowFloats(w.lnf_mean, n));
+  STRATA_RETURN_IF_ERROR(ops.GrowFloats(w.lnf_rstd, n));
+  STRATA_RETURN_IF_ERROR(ops.GrowFloats(w.logits, n * v));
   // Dropping the blocks that recompute no longer keeps is what saves the memory.
   w.blocks.resize(recompute_ ? 1 : static_cast<size_t>(spec_.n_layer));
   for (Workspace::BlockActs& a : w.blocks) {
-    for (GptBuffer* b : {&a.ln1, &a.atty, &a.res2, &a.ln2}) STRATA_RETURN_IF_ERROR(Floats(ops, *b, n * c));
+    for (GptBuffer* b : {&a.ln1, &a.atty, &a.res2, &a.ln2}) STRATA_RETURN_IF_ERROR(ops.GrowFloats(*b, n * c));
     for (GptBuffer* b : {&a.ln1_mean, &a.ln1_rstd, &a.ln2_mean, &a.ln2_rstd}) {
-      STRATA_RETURN_IF_ERROR(Floats(ops, *b, n));
+      STRATA_RETURN_IF_ERROR(ops.GrowFloats(*b, n));
     }
-    STRATA_RETURN_IF_ERROR(Floats(ops, a.qkv, n * 3 * c));
-    STRATA_RETURN_IF_ERROR(Floats(ops, a.att, batch * spec_.n_head * seq * seq));
-    STRATA_RETURN_IF_ERROR(Floats(ops, a.fc, n * 4 * c));
-    STRATA_RETURN_IF_ERROR(Floats(ops, a.fc_gelu, n * 4 * c));
+    STRATA_RETURN_IF_ERROR(ops.GrowFloats(a.qkv, n * 3 * c));
+    STRATA_RETURN_IF_ERROR(ops.GrowFloats(a.att, batch * spec_.n_head * seq * seq));
+    STRATA_RETURN_IF_ERROR(ops.GrowFloats(a.fc, n * 4 * c));
+    STRATA_RETURN_IF_ERROR(ops.GrowFloats(a.fc_gelu, n * 4 * c));
   }
-  STRATA_RETURN_IF_ERROR(Floats(ops, w.dres, n * c));
-  STRATA_RETURN_IF_ERROR(Floats(ops, w.dtmp, n * c));
-  STRATA_RETURN_IF_ERROR(Floats(ops, w.dwide, n * 4 * c));
-  STRATA_RETURN_IF_ERROR(Floats(ops, w.dqkv, n * 3 * c));
+  STRATA_RETURN_IF_ERROR(ops.GrowFloats(w.dres, n * c));
+  STRATA_RETURN_IF_ERROR(ops.GrowFloats(w.dtmp, n * c));
+  STRATA_RETURN_IF_ERROR(ops.GrowFloats(w.dwide, n * 4 * c));
+  STRATA_RETURN_IF_ERROR(ops.GrowFloats(w.dqkv, n * 3 * c));
   // Zeroed once: the head's bias, and its gradient's sink (which the head's flag may add to).
   for (GptBuffer* b : {&w.zero_bias, &w.dbias_scratch}) {
     if (b->bytes() > 0) continue;
-    STRATA_RETURN_IF_ERROR(Floats(ops, *b, v));
+    STRATA_RETURN_IF_ERROR(ops.GrowFloats(*b, v));
     STRATA_RETURN_IF_ERROR(ops.Zero(b->f(), v));
   }
   STRATA_RETURN_IF_ERROR(ops.Grow(w.tokens, n * static_cast<int64_t>(sizeof(int32_t))));

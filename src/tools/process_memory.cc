@@ -46,18 +46,16 @@ uint64_t CurrentRssBytes() {
   return got == 2 ? resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) : 0;
 }
 
-uint64_t UntouchedOwnCodeBytes() {
-  // The executable's mappings by device and inode, which hold when its path has spaces
-  // or the file was replaced while it runs (smaps then says "(deleted)").
+CodeResidency ReadCodeResidency() {
+  CodeResidency r;
   struct stat exe {};
   FILE* f = std::fopen("/proc/self/smaps", "r");
   if (stat("/proc/self/exe", &exe) != 0 || f == nullptr) {
     if (f != nullptr) std::fclose(f);
-    return 0;
+    return r;
   }
   char line[4352];
-  bool own_code = false;
-  unsigned long long size_kib = 0, rss_kib = 0, untouched_kib = 0;
+  bool code = false, own = false;
   while (std::fgets(line, sizeof line, f) != nullptr) {
     unsigned long long v = 0, inode = 0;
     unsigned dev_major = 0, dev_minor = 0;
@@ -66,22 +64,21 @@ uint64_t UntouchedOwnCodeBytes() {
     if (std::sscanf(line, "%*[0-9a-f]-%*[0-9a-f] %7s %*s %x:%x %llu", perms, &dev_major, &dev_minor,
                     &inode) == 4 &&
         std::strlen(perms) == 4) {
-      own_code = perms[2] == 'x' && inode == exe.st_ino && dev_major == major(exe.st_dev) &&
-                 dev_minor == minor(exe.st_dev);
-    } else if (own_code && std::sscanf(line, "Size: %llu kB", &v) == 1) {
-      size_kib = v;
-    } else if (own_code && std::sscanf(line, "Rss: %llu kB", &v) == 1) {
-      rss_kib = v;
-      untouched_kib += size_kib > rss_kib ? size_kib - rss_kib : 0;
+      code = perms[2] == 'x';
+      own = inode == exe.st_ino && dev_major == major(exe.st_dev) && dev_minor == minor(exe.st_dev);
+    } else if (code && own && std::sscanf(line, "Size: %llu kB", &v) == 1) {
+      r.own_bytes += v * 1024;
+    } else if (code && std::sscanf(line, "Rss: %llu kB", &v) == 1) {
+      (own ? r.own_resident : r.other_resident) += v * 1024;
     }
   }
   std::fclose(f);
-  return untouched_kib * 1024;
+  return r;
 }
 
 uint64_t MeasureProcessBase() {
   model::WarmMatrixProducts();
-  return CurrentRssBytes() + UntouchedOwnCodeBytes();
+  return CurrentRssBytes() + ReadCodeResidency().own_untouched();
 }
 
 ProcessMemory EstimateProcessMemory(uint64_t base, const EngineLayoutInfo& layout, const Config& config,

@@ -23,15 +23,21 @@ bool ResetPeakRss();
 // The process's resident set now (/proc/self/statm); 0 where it cannot be read.
 uint64_t CurrentRssBytes();
 
-// The bytes of this executable's code that are not resident now (its executable
-// mappings' Size less their Rss in /proc/self/smaps): a run may still execute any of it.
-// 0 where smaps cannot be read.
-uint64_t UntouchedOwnCodeBytes();
+// The process's executable mappings now (/proc/self/smaps): this executable's, found by
+// device and inode (so a path with spaces, or a binary replaced while it runs, still
+// counts), and every other's (libraries, a JIT's anonymous code). Zeros where smaps
+// cannot be read.
+struct CodeResidency {
+  uint64_t own_bytes = 0, own_resident = 0, other_resident = 0;
+  // This executable's code not resident now: a run may still execute any of it.
+  uint64_t own_untouched() const { return own_bytes - own_resident; }
+};
+CodeResidency ReadCodeResidency();
 
 // ProcessMemory::base, measured now, before the engine and the model exist: the resident
 // set after model::WarmMatrixProducts (so the BLAS's generated kernels and code are in
 // it, which a run's first products would add: about 6 MB of oneDNN's here), plus
-// UntouchedOwnCodeBytes. Call it on the thread that will train, once MPI has started.
+// CodeResidency::own_untouched. Call it on the thread that will train, once MPI has started.
 uint64_t MeasureProcessBase();
 
 // The process memory a training run needs beside the engine's device and pinned host
