@@ -10,6 +10,7 @@
 #include "strata/lr_schedule.h"
 #include "strata/swap_files.h"
 #include "strata/units.h"
+#include "tools/model_engine.h"
 #include "tools/process_memory.h"
 #include "tools/step_bench.h"
 #include "tools/step_traffic.h"
@@ -56,17 +57,15 @@ void SweepStaleSwapFiles(const std::vector<std::string>& dirs, int world_size, i
   }
 }
 
-// Every rank's pid, -1 for ranks on another node (by host name).
+// Every rank's pid, -1 for ranks on another node.
 Result<std::vector<int>> PeerPids(Communicator& world) {
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  const int64_t mine[2] = {static_cast<int64_t>(::getpid()),
-                           static_cast<int64_t>(std::hash<std::string>{}(host)&0x7fffffffffffffffLL)};
-  std::vector<int64_t> all(2 * world.size());
-  STRATA_RETURN_IF_ERROR(world.AllGather(mine, all.data(), 4, DType::kF32).Wait());  // 16 bytes a rank
+  STRATA_ASSIGN_OR_RETURN(const std::vector<uint64_t> nodes, tools::NodeOfEachRank(world));
+  const int64_t mine = ::getpid();
+  std::vector<int64_t> all(world.size());
+  STRATA_RETURN_IF_ERROR(world.AllGather(&mine, all.data(), 2, DType::kF32).Wait());  // 8 bytes a rank
   std::vector<int> pids(world.size());
   for (int r = 0; r < world.size(); ++r)
-    pids[r] = all[2 * r + 1] == mine[1] ? static_cast<int>(all[2 * r]) : -1;
+    pids[r] = nodes[r] == nodes[world.rank()] ? static_cast<int>(all[r]) : -1;
   return pids;
 }
 

@@ -12,13 +12,18 @@
 
 namespace strata::tools {
 
-Result<int> NodeLocalRank(Communicator& world) {
+Result<std::vector<uint64_t>> NodeOfEachRank(Communicator& world) {
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   const uint64_t mine = std::hash<std::string>{}(host);
   std::vector<uint64_t> all(static_cast<size_t>(world.size()));
   STRATA_RETURN_IF_ERROR(world.AllGather(&mine, all.data(), 2, DType::kF32).Wait());  // 8 bytes a rank
-  return static_cast<int>(std::count(all.begin(), all.begin() + world.rank(), mine));
+  return all;
+}
+
+Result<int> NodeLocalRank(Communicator& world) {
+  STRATA_ASSIGN_OR_RETURN(const std::vector<uint64_t> nodes, NodeOfEachRank(world));
+  return static_cast<int>(std::count(nodes.begin(), nodes.begin() + world.rank(), nodes[world.rank()]));
 }
 
 Result<ModelEngine> CreateModelEngine(Communicator& world, const Config& config, ModelDecl model,

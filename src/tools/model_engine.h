@@ -3,7 +3,9 @@
 // step`.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "strata/comm.h"
 #include "strata/config.h"
@@ -20,8 +22,12 @@ struct ModelEngine {
   std::unique_ptr<Engine> engine;
 };
 
-// This rank's place among the ranks on its node (by host name): 0 .. ranks on the node
-// - 1, in rank order. Collective over `world`.
+// Every rank's node, as a hash of its host name (equal for ranks on one node), by rank.
+// Collective over `world`.
+Result<std::vector<uint64_t>> NodeOfEachRank(Communicator& world);
+
+// This rank's place among the ranks on its node: 0 .. ranks on the node - 1, in rank
+// order. Collective over `world`.
 Result<int> NodeLocalRank(Communicator& world);
 
 // Creates the device the config names (on a GPU, strata.device_index plus the rank's
