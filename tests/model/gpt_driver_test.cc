@@ -184,6 +184,20 @@ TEST(GptDriver, CudaBackendWithoutAGpuIsUnavailable) {
   EXPECT_EQ(gpu.CopyLogits(0, 0, &logit).code(), StatusCode::kUnavailable);
 }
 
+// CopyLogits hands out rows of the latest pass only, and says which it has.
+TEST(GptDriver, CopyLogitsRefusesRowsOutsideTheLatestPass) {
+  const Data d;
+  Gpt gpt(kSpec);
+  DenseHooks dense(gpt.modules(), DType::kF32, SpecInit(kSpec));
+  std::vector<float> row(static_cast<size_t>(kSpec.vocab_size));
+  EXPECT_EQ(gpt.CopyLogits(0, 1, row.data()).code(), StatusCode::kInvalidArgument) << "no pass yet";
+  ASSERT_TRUE(gpt.Forward(d.tokens.data(), d.targets.data(), kBatch, kSeq, 1.0, dense).ok());
+  EXPECT_TRUE(gpt.CopyLogits(kBatch * kSeq - 1, 1, row.data()).ok());
+  const Status s = gpt.CopyLogits(kBatch * kSeq - 1, 2, row.data());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("latest pass's 32 rows"), std::string::npos) << s.ToString();
+}
+
 // The workspace is grown once and reused: a driver that ran a larger batch computes a
 // smaller one as a fresh driver does, bit for bit, without growing; and so after
 // switching recompute on (which drops all blocks' inner activations but one).
