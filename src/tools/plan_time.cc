@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "zero/residency_plan.h"
+
 namespace strata::tools {
 namespace {
 
@@ -42,6 +44,16 @@ Phase Overlap(const Lanes& lanes, double gathers, double disk, double factor, bo
   return p;
 }
 
+// The NVMe optimizer's pipeline with fewer than kMinStagingSets staging sets: each
+// piece's read, step and write follow one another, where the mixed rate assumes the
+// disk always has both in flight. What that adds to the disk's time.
+double SerialPipelineExtra(const LaneRates& r, const LaneWork::StatePipeline& p, double adam_per_s) {
+  if (p.staging_sets <= 0 || p.staging_sets >= zero::kMinStagingSets) return 0;
+  const double serial = Over(p.read_bytes, r.nvme_read_bytes_per_s) +
+                        Over(p.write_bytes, r.nvme_write_bytes_per_s) + Over(p.params, adam_per_s);
+  return std::max(0.0, serial - DiskSeconds(r, p.read_bytes, p.write_bytes));
+}
+
 }  // namespace
 
 PlanTime PredictPlanTime(const LaneRates& r, const LaneWork& w, bool shared_cpu, OffloadDevice opt_device,
@@ -75,7 +87,8 @@ PlanTime PredictPlanTime(const LaneRates& r, const LaneWork& w, bool shared_cpu,
   t.lanes = {{"compute", w.compute_s}, {"optimizer", optimizer}, {"other", other},  {"copies", copies},
              {"collectives", comm},    {"nvme_read", rd},        {"nvme_write", wr}};
   for (const auto& [name, s] : t.lanes) t.serial_s += s;
-  t.disk_s = DiskSeconds(r, w.nvme_read_bytes, w.nvme_write_bytes);
+  t.disk_s = DiskSeconds(r, w.nvme_read_bytes, w.nvme_write_bytes) +
+             SerialPipelineExtra(r, w.nvme_state, adam_rate(nvme));
   t.cpu_s = w.compute_s + optimizer + other + copies + comm;
   const double factor = e.overlap_factor > 0 ? e.overlap_factor : 1.0;
   // The forward and backward wait for their gathers' reads: on the cores' path, while

@@ -15,8 +15,10 @@ namespace strata::tools {
 
 struct PlanTime {
   std::vector<std::pair<std::string, double>> lanes;  // name -> seconds
-  double cpu_s = 0;         // the lanes on the CPU cores (all but the disk on the sim device)
-  double disk_s = 0;        // reads and writes, at the mixed rate where one was measured
+  double cpu_s = 0;  // the lanes on the CPU cores (all but the disk on the sim device)
+  // Reads and writes, at the mixed rate where one was measured; with an NVMe optimizer
+  // of fewer than zero::kMinStagingSets sets, its pieces' read, step and write in turn.
+  double disk_s = 0;
   double serial_s = 0;      // every lane one after another (strata.overlap false)
   double overlapped_s = 0;  // the slowest resource, slowed by the measured overlap factor
   // Of overlapped_s, the micro-batches before the last where their gradient shards go

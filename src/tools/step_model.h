@@ -93,6 +93,13 @@ struct LaneWork {
   int micro_batches = 1;
   double nvme_between_read_bytes = 0, nvme_between_write_bytes = 0;
   bool params_in_optimizer_state = false;  // the layout's: the NVMe master is the parameter shard
+  // The NVMe optimizer's own traffic (part of the totals above) and the staging sets it
+  // pipelines through; with fewer than zero::kMinStagingSets a piece's read, step and
+  // write follow one another (0 sets: no state on disk).
+  struct StatePipeline {
+    double read_bytes = 0, write_bytes = 0, params = 0;
+    int staging_sets = 0;
+  } nvme_state;
 };
 
 struct StepModel {

@@ -72,6 +72,10 @@ LaneWork PredictTraffic(const Config& c, int world_size, const EngineLayoutInfo&
     const double on_disk = chunks - l.optimizer_resident_chunks;
     w.nvme_read_bytes += on_disk * PieceBytesPerChunk(l, opt);
     w.nvme_write_bytes += on_disk * PieceBytesPerChunk(l, opt);
+    if (on_disk > 0) {
+      w.nvme_state = {on_disk * PieceBytesPerChunk(l, opt), on_disk * PieceBytesPerChunk(l, opt),
+                      on_disk * opt, std::max(1, l.optimizer_staging_sets)};
+    }
     if (l.gradients_on_nvme) {
       // Each micro-batch's shard but the last is written and read back by the next one's
       // to add to. The last goes to a speculative step from its pinned buffer, and is

@@ -244,7 +244,12 @@ void EnginePlanner::PlanNvmeGradients(TierNeed& h, bool stream, bool stream_grad
   // Gradient shards wait for the step in pinned memory if the budget holds them
   // (no extra I/O), else on NVMe beside the state: at least two pinned shards, which
   // also hold a shard read back for a step that needs it from disk.
-  const uint64_t on_host = h.Total() + n_chunks * out_.grad_slot_bytes;
+  // Every shard pinned, beside the pipeline depth kept shards would leave the state
+  // (residency_plan.h): the same budget then never gives the state fewer sets with the
+  // shards off the disk than with most of them kept on its path.
+  const uint64_t on_host =
+      h.Total() + n_chunks * out_.grad_slot_bytes +
+      PipelineFloorSets(static_cast<int>(n_chunks) - resident, out_.pieces.pieces) * out_.opt_set_bytes;
   const std::string& want = config_.strata.gradients;
   // With overlap on and clipping off no step is ever redone, so a shard on the NVMe
   // path never touches the disk (engine_grads.cc): auto takes it then even when the

@@ -40,6 +40,10 @@ int ResidentCount(int num_chunks, double fraction) {
   return static_cast<int>(std::clamp(std::lround(fraction * num_chunks), 0L, static_cast<long>(num_chunks)));
 }
 
+int PipelineFloorSets(int chunks_on_disk, int pieces) {
+  return std::min(kMinStagingSets, WantedSets(chunks_on_disk, pieces)) - 1;
+}
+
 ResidencyPlan PlanResidency(const ResidencyInputs& in) {
   const int n = in.layout->num_chunks;
   const uint64_t set = std::max<uint64_t>(in.set_bytes, 1), grad = in.grad_bytes;
@@ -51,6 +55,9 @@ ResidencyPlan PlanResidency(const ResidencyInputs& in) {
       std::max(fixed_count, in.grad_fraction < 0 || grad == 0 ? 0 : ResidentCount(n, in.grad_fraction));
   // The staging sets beyond the fixed one that the chunks left on disk want.
   auto pipeline = [&](int resident) { return (WantedSets(n - resident, in.pieces) - 1) * set; };
+  auto floor = [&](int resident) {
+    return static_cast<uint64_t>(PipelineFloorSets(n - resident, in.pieces));
+  };
   // Pinned bytes beyond the fixed needs with `k` chunks resident and `kept` gradient
   // shards pinned (both prefixes of the same order).
   auto extra = [&](int k, int kept) {
@@ -67,14 +74,15 @@ ResidencyPlan PlanResidency(const ResidencyInputs& in) {
   if (auto_grads && in.grads_first) {
     // Every gradient shard that fits, then the chunks whose state fits beside a full
     // pipeline (their shards already paid for).
-    kept = largest(paid, n, [&](int j) { return extra(count, j) <= in.room; });
+    kept = largest(paid, n, [&](int j) { return extra(count, j) + floor(count) * set <= in.room; });
     if (auto_state) count = largest(0, kept, [&](int k) { return extra(k, kept) + pipeline(k) <= in.room; });
   } else {
     // The most chunks that fit beside the pipeline the rest then want; then gradient
     // shards, which cut bytes on the disk where a deeper pipeline only hides them.
     if (auto_state) count = largest(0, n, [&](int k) { return extra(k, paid) + pipeline(k) <= in.room; });
     kept = std::max(paid, count);
-    if (auto_grads) kept = largest(kept, n, [&](int j) { return extra(count, j) <= in.room; });
+    if (auto_grads)
+      kept = largest(kept, n, [&](int j) { return extra(count, j) + floor(count) * set <= in.room; });
   }
   uint64_t used = extra(count, kept);
   ResidencyPlan p;

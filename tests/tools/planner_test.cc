@@ -387,6 +387,34 @@ TEST(PlanTime, AccumulationTimesTheMicroBatchesBeforeTheLastApart) {
   EXPECT_EQ(t.critical, "nvme (micro-batches before the last: cpu + gather reads)");
 }
 
+// An NVMe optimizer with fewer than three staging sets reads, steps and writes each
+// piece in turn: the disk's time is then the three one after another, not the mixed
+// rate's overlap of the reads and writes.
+TEST(PlanTime, TwoStagingSetsSerialiseTheStatesPipeline) {
+  LaneRates r;
+  r.copy_bytes_per_s = 10e9;
+  r.nvme_read_bytes_per_s = 2e9;
+  r.nvme_write_bytes_per_s = 4e9;
+  r.nvme_mixed_bytes_per_s = 4e9;
+  r.nvme_optimizer = {1e9, 0, 1.0};
+  LaneWork w;
+  w.adam_params = 0.1e9;                         // 0.1 s of Adam
+  w.nvme_read_bytes = w.nvme_write_bytes = 1e9;  // 0.5 s mixed; 0.5 + 0.25 s one after the other
+  w.nvme_state = {1e9, 1e9, 0.1e9, 3};
+  PlanTime t = PredictPlanTime(r, w, /*shared_cpu=*/false, OffloadDevice::kNvme, 3);
+  EXPECT_DOUBLE_EQ(t.disk_s, 0.5) << "three sets: the mixed rate";
+  for (int sets : {1, 2}) {
+    w.nvme_state.staging_sets = sets;
+    t = PredictPlanTime(r, w, false, OffloadDevice::kNvme, 3);
+    EXPECT_DOUBLE_EQ(t.disk_s, 0.5 + 0.25 + 0.1) << sets << " sets: read, step and write in turn";
+    EXPECT_DOUBLE_EQ(t.overlapped_s, 0.85);
+  }
+  // Half the disk's bytes are the gradients': only the state's pieces serialise.
+  w.nvme_read_bytes = w.nvme_write_bytes = 2e9;
+  t = PredictPlanTime(r, w, false, OffloadDevice::kNvme, 3);
+  EXPECT_DOUBLE_EQ(t.disk_s, 1.0 + 0.35);
+}
+
 // The work of a step that only steps `params` optimizer elements.
 LaneWork AdamOnly(double params) {
   LaneWork w;

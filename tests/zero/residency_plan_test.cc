@@ -164,13 +164,14 @@ TEST(ResidencyPlan, StateFirstThenGradientShardsThenStagingSets) {
   const Layout l = Chunks(4);
   const Trace t = Trace::Assumed(4);
   // 850: two resident chunks (600) beside their pipeline (one more set, 100); the 250
-  // left keeps the gradient shards of the other two chunks (200) before that set.
+  // left keeps one more chunk's gradient shard (100), not two: the two chunks on disk
+  // want two sets, and the pipeline keeps them (kMinStagingSets caps it at three).
   ResidencyPlan p = PlanResidency(WithGrads(l, t, 850, false));
   EXPECT_EQ(p.count, 2);
   EXPECT_EQ(p.resident, (std::vector<uint8_t>{1, 1, 0, 0}));
-  EXPECT_EQ(p.grad_count, 2);
-  EXPECT_EQ(p.grad_resident, (std::vector<uint8_t>{0, 0, 1, 1}));
-  EXPECT_EQ(p.staging_sets, 1);
+  EXPECT_EQ(p.grad_count, 1);
+  EXPECT_EQ(p.grad_resident, (std::vector<uint8_t>{0, 0, 1, 0}));
+  EXPECT_EQ(p.staging_sets, 2);
   EXPECT_EQ(p.extra_bytes, 800u);
   // Without keep_grads (they never touch the disk) the room deepens the pipeline.
   ResidencyInputs off = WithGrads(l, t, 850, false);
@@ -199,12 +200,18 @@ TEST(ResidencyPlan, WithAccumulationGradientShardsComeBeforeState) {
   EXPECT_EQ(p.grad_count, 4);
   EXPECT_EQ(p.staging_sets, 3);
   EXPECT_EQ(p.extra_bytes, 600u);
-  // 350: three shards; the 50 left buys no set.
+  // 350: one shard, and the two sets beyond the fixed one that keep the reads from
+  // waiting for the writes (kMinStagingSets) before a second shard.
   p = PlanResidency(WithGrads(l, t, 350, true));
   EXPECT_EQ(p.count, 0);
-  EXPECT_EQ(p.grad_resident, (std::vector<uint8_t>{1, 1, 1, 0}));
-  EXPECT_EQ(p.staging_sets, 1);
+  EXPECT_EQ(p.grad_resident, (std::vector<uint8_t>{1, 0, 0, 0}));
+  EXPECT_EQ(p.staging_sets, 3);
   EXPECT_EQ(p.extra_bytes, 300u);
+  // 150: no shard beside those two sets; the room buys the one set it holds.
+  p = PlanResidency(WithGrads(l, t, 150, true));
+  EXPECT_EQ(p.grad_count, 0);
+  EXPECT_EQ(p.staging_sets, 2);
+  EXPECT_EQ(p.extra_bytes, 100u);
   // 1000: all four shards (400), then the state of three chunks (200 each, their shards
   // already paid): 1000, and the one chunk left on disk wants no set beyond the fixed one.
   p = PlanResidency(WithGrads(l, t, 1000, true));
