@@ -55,7 +55,7 @@ ResidencyPlan PlanResidency(const ResidencyInputs& in) {
       std::max(fixed_count, in.grad_fraction < 0 || grad == 0 ? 0 : ResidentCount(n, in.grad_fraction));
   // The staging sets beyond the fixed one that the chunks left on disk want.
   auto pipeline = [&](int resident) { return (WantedSets(n - resident, in.pieces) - 1) * set; };
-  auto floor = [&](int resident) {
+  auto floor_sets = [&](int resident) {
     return static_cast<uint64_t>(PipelineFloorSets(n - resident, in.pieces));
   };
   // Pinned bytes beyond the fixed needs with `k` chunks resident and `kept` gradient
@@ -74,7 +74,7 @@ ResidencyPlan PlanResidency(const ResidencyInputs& in) {
   if (auto_grads && in.grads_first) {
     // Every gradient shard that fits, then the chunks whose state fits beside a full
     // pipeline (their shards already paid for).
-    kept = largest(paid, n, [&](int j) { return extra(count, j) + floor(count) * set <= in.room; });
+    kept = largest(paid, n, [&](int j) { return extra(count, j) + floor_sets(count) * set <= in.room; });
     if (auto_state) count = largest(0, kept, [&](int k) { return extra(k, kept) + pipeline(k) <= in.room; });
   } else {
     // The most chunks that fit beside the pipeline the rest then want; then gradient
@@ -82,7 +82,7 @@ ResidencyPlan PlanResidency(const ResidencyInputs& in) {
     if (auto_state) count = largest(0, n, [&](int k) { return extra(k, paid) + pipeline(k) <= in.room; });
     kept = std::max(paid, count);
     if (auto_grads)
-      kept = largest(kept, n, [&](int j) { return extra(count, j) + floor(count) * set <= in.room; });
+      kept = largest(kept, n, [&](int j) { return extra(count, j) + floor_sets(count) * set <= in.room; });
   }
   uint64_t used = extra(count, kept);
   ResidencyPlan p;
