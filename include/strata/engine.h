@@ -123,6 +123,10 @@ struct StepResult {
   int speculative_steps = 0;  // chunks stepped during backward
   int redone_steps = 0;       // of those, stepped again (clipping engaged / overflow)
   double step_wait_s = 0;     // time Step() spent waiting for work still in flight
+  // Of the time the training hooks took since the last Step(), the waits for the model's
+  // own kernels (on a GPU its compute stream, which Release and EndBackward drain before
+  // a buffer is reused): the model's compute, not the engine's. 0 on the sim device.
+  double model_wait_s = 0;
   double optimizer_busy_s = 0;
   double comm_busy_s = 0;
   double io_busy_s = 0;

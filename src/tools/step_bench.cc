@@ -82,6 +82,7 @@ Result<StepBenchRun> RunOnce(Communicator& world, const Config& config, const St
     const StepTiming& t = log.timing[i];
     r.timing.forward_backward_s += t.forward_backward_s / n;
     r.timing.hooks_s += t.hooks_s / n;
+    r.timing.model_wait_s += t.model_wait_s / n;
     r.timing.step_s += t.step_s / n;
   }
   r.step_s = r.timing.total_s();
@@ -106,7 +107,8 @@ nlohmann::json RunJson(const StepBenchRun& r) {
   return {{"step_s", r.step_s},
           {"forward_backward_s", r.timing.forward_backward_s},
           {"compute_s", r.timing.compute_s()},
-          {"hook_wait_s", r.timing.hooks_s},
+          {"hook_wait_s", r.timing.hook_wait_s()},
+          {"model_wait_s", r.timing.model_wait_s},
           {"step_call_s", r.timing.step_s},
           {"step_wait_s", s.step_wait_s},
           {"optimizer_busy_s", s.optimizer_busy_s},
@@ -147,7 +149,7 @@ std::string RunText(const Config& c, const StepBenchOptions& o, int world_size, 
          "\n";
   out += "  step time            " + FormatSeconds(main.step_s) + "\n";
   out += "  compute (fwd+bwd)    " + FormatSeconds(main.timing.compute_s()) + "\n";
-  out += "  waits in hooks       " + FormatSeconds(main.timing.hooks_s) + "\n";
+  out += "  waits in hooks       " + FormatSeconds(main.timing.hook_wait_s()) + "\n";
   out += "  Step() call          " + FormatSeconds(main.timing.step_s) + "  (waiting for work in flight " +
          FormatSeconds(main.last.step_wait_s) + ")\n";
   out += "  lanes busy           optimizer " + FormatSeconds(main.last.optimizer_busy_s) + ", collectives " +

@@ -133,13 +133,12 @@ Status Engine::Release(int module) {
   Impl& s = *impl_;
   STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
   STRATA_RETURN_IF_ERROR(s.CheckModule(module));
+  // At stage 3 a released gather buffer may be refilled at once: the module's kernels
+  // must be done. The module's time then counts them (on a GPU), not only their launch.
+  if (s.stage == 3) STRATA_RETURN_IF_ERROR(s.FailHook(s.WaitForModel(), "Release", module));
   s.Span(s.track_compute, "forward " + s.model.modules[module].name, s.module_start);
   s.TimeModule();
-  if (s.stage == 3) {
-    // A released gather buffer may be refilled at once: the module's kernels must be done.
-    STRATA_RETURN_IF_ERROR(s.FailHook(s.ops->WaitForModel(), "Release", module));
-    s.gatherer->Leave(module, s.open_pos[module], s.LastMicroBatch());
-  }
+  if (s.stage == 3) s.gatherer->Leave(module, s.open_pos[module], s.LastMicroBatch());
   return OkStatus();
 }
 
@@ -177,11 +176,11 @@ Status Engine::EndBackward(int module) {
   Impl& s = *impl_;
   STRATA_RETURN_IF_ERROR(s.RefuseAfterFailure());
   STRATA_RETURN_IF_ERROR(s.CheckModule(module));
+  // The reductions below read the module's gradients; a released gather buffer may be
+  // refilled at once. The module's time counts its kernels, as Release's does.
+  STRATA_RETURN_IF_ERROR(s.FailHook(s.WaitForModel(), "EndBackward", module));
   s.Span(s.track_compute, "backward " + s.model.modules[module].name, s.module_start);
   s.TimeModule();
-  // The reductions below read the module's gradients; a released gather buffer may be
-  // refilled at once.
-  STRATA_RETURN_IF_ERROR(s.FailHook(s.ops->WaitForModel(), "EndBackward", module));
   if (s.stage == 3) s.gatherer->Leave(module, s.open_pos[module], s.LastMicroBatch());
   s.open_backward = -1;
   for (int c : s.layout.module_chunks[module]) s.CountBackwardUse(c);
@@ -212,7 +211,7 @@ Status Engine::AccumulateGrad(TensorId tensor, const void* grad, DType dtype) {
   }
   s.order->Note(zero::UseKind::kGrad, tensor);
   // The gradient was written by the model's kernels.
-  STRATA_RETURN_IF_ERROR(s.FailHook(s.ops->WaitForModel(), "AccumulateGrad", tensor));
+  STRATA_RETURN_IF_ERROR(s.FailHook(s.WaitForModel(), "AccumulateGrad", tensor));
   for (int c : chunks) {
     if (!s.reducer->Holds(c))
       STRATA_RETURN_IF_ERROR(s.FailHook(s.reducer->Hold(c, chunks), "AccumulateGrad", tensor));

@@ -410,6 +410,16 @@ struct Engine::Impl {
 
   // --- engine_gather.cc (stage 3) ---
   void* ChunkParams(int chunk);  // compute copy of a chunk (stage 3: gathered)
+  // ops->WaitForModel, its time counted as the model's (StepResult::model_wait_s). A CPU
+  // model is done when its hook is called: nothing to wait for or count.
+  Status WaitForModel() {
+    if (ops->model_backend() == ::strata::Backend::kCpu) return OkStatus();
+    const auto t0 = std::chrono::steady_clock::now();
+    Status st = ops->WaitForModel();
+    if (!evaluating) model_wait += std::chrono::steady_clock::now() - t0;
+    return st;
+  }
+  std::chrono::steady_clock::duration model_wait{};  // training thread only
   void TimeModule() {
     gatherer->NoteModuleCompute(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - module_start)

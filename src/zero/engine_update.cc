@@ -195,6 +195,7 @@ void Engine::Impl::TakeCounters(StepResult& r, int prefetch_depth) {
   const zero::GradReducer::Counters reduced = reducer->TakeCounters();
   r.comm_busy_s = (comm_busy_ns.exchange(0) + reduced.busy_ns) * 1e-9;
   r.io_busy_s = (io_busy_ns.exchange(0) + nvme.io_busy_ns) * 1e-9;
+  r.model_wait_s = std::chrono::duration<double>(std::exchange(model_wait, {})).count();
   r.prefetch_modules = stage == 3 ? gatherer->prefetch_modules() : 0;
   r.gather_evictions = gatherer->TakeEvictions();
   r.shards_from_memory = std::exchange(shards_from_memory, 0);

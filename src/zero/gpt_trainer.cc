@@ -102,6 +102,7 @@ Result<GptStepReport> GptTrainer::RunStep(int64_t step, bool flush) {
   if (flush) STRATA_RETURN_IF_ERROR(engine_.Flush());
   report.timing.forward_backward_s = Seconds(t0, t1);
   report.timing.hooks_s = hooks.seconds();
+  report.timing.model_wait_s = report.result.model_wait_s;
   report.timing.step_s = Seconds(t1, std::chrono::steady_clock::now());
   STRATA_ASSIGN_OR_RETURN(report.loss, SumInRankOrder(world_, loss));
   return report;

@@ -68,6 +68,7 @@ Result<TrainLog> TrainWithEngine(Engine& engine, Communicator& world, const Conf
     if (step + 1 == spec.steps) STRATA_RETURN_IF_ERROR(engine.Flush());
     timing.forward_backward_s = Seconds(t0, t1);
     timing.hooks_s = hooks.seconds();
+    timing.model_wait_s = r.model_wait_s;
     timing.step_s = Seconds(t1, std::chrono::steady_clock::now());
     if (spec.step_boundary) spec.step_boundary(step, /*end=*/true);
     log.timing.push_back(timing);

@@ -43,8 +43,10 @@ struct TrainSpec {
 struct StepTiming {
   double forward_backward_s = 0;  // the model's passes, hooks included
   double hooks_s = 0;             // inside the engine's hooks (gathers, waits for buffers)
+  double model_wait_s = 0;        // of hooks_s, the model's kernels (StepResult::model_wait_s)
   double step_s = 0;              // inside Engine::Step()
-  double compute_s() const { return forward_backward_s - hooks_s; }
+  double compute_s() const { return forward_backward_s - hooks_s + model_wait_s; }
+  double hook_wait_s() const { return hooks_s - model_wait_s; }  // the engine's own waits
   double total_s() const { return forward_backward_s + step_s; }
 };
 

@@ -119,6 +119,7 @@ inline ChainRun RunGptEngine(Communicator& world, const Config& config, const Gp
       }
       run.grad_norms.push_back(r.grad_norm);
       run.clip_coefs.push_back(r.clip_coef);
+      run.model_waits.push_back(r.model_wait_s);
     }
     return OkStatus();
   };

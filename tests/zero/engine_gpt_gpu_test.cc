@@ -53,6 +53,11 @@ void ExpectCloseToReference(const ChainRun& run, const ChainRun& ref, const std:
   }
   EXPECT_LE(ChainParamError(run, ref, kChain16Atol, 0), 1.0) << what << ": final parameters";
   EXPECT_LE(run.device_high_water, run.device_capacity) << what;
+  // EndBackward drains the compute stream at every stage: each step's model time shows.
+  for (size_t i = 0; i < run.model_waits.size(); ++i) {
+    EXPECT_GT(run.model_waits[i], 0.0)
+        << what << ": step " << i << " counted no wait for the model's kernels";
+  }
 }
 
 // Stage 0 on the device, the CPU optimizer, and stage 3 with both on NVMe; tied with

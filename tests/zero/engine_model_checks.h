@@ -90,6 +90,7 @@ struct ChainRun {
   Status status;
   std::vector<double> losses, grad_norms, clip_coefs;
   std::vector<double> eval_losses;         // GPT runs with GptSetup::evaluate
+  std::vector<double> model_waits;         // StepResult::model_wait_s (GPT engine runs)
   std::vector<std::vector<float>> params;  // final fp32 masters, by tensor id
   uint64_t device_high_water = 0, device_capacity = 0;
   EngineLayoutInfo layout;                // engine runs only
