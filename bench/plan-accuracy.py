@@ -8,7 +8,7 @@ under the same budgets, which measures its overlapped and its serial step
 other way too, the planned host and device needs against the
 measured high-water marks, and the planned NVMe bytes against the counted ones.
 
-Usage: bench/plan-accuracy.py [--models 20M,100M,gpt] [--swap DIR] [--steps N] [--repeat N] [--passes N]
+Usage: bench/plan-accuracy.py [--models 20M,100M,100M-acc4,gpt] [--swap DIR] [--steps N] [--repeat N] [--passes N]
                               [--out DIR] [--png FILE] [--from DIR] [--confirm N]
 Prints a Markdown table and the summary (median and largest absolute error, the first
 choice against the fastest measured); --out keeps the JSON reports, --png draws predicted
@@ -40,6 +40,10 @@ MODELS = {
             "--host-budget", "2GiB"],
     "100M": ["--model", "mlp", "--params", "100M", "--depth", "8", "--micro-batch", "16", "--device-budget", "2GiB",
              "--host-budget", "3GiB"],
+    # Accumulation over 4 micro-batches under a host budget that holds none of the
+    # optimizer state: its gradient shards go to disk and back between micro-batches.
+    "100M-acc4": ["--model", "mlp", "--params", "100M", "--depth", "8", "--micro-batch", "8",
+                  "--gradient-accumulation-steps", "4", "--device-budget", "2GiB", "--host-budget", "600MiB"],
     # The GPT of `strata train` (10.7M parameters, vocabulary 256), on the fortunes text.
     "gpt": ["--model", "gpt", "--n-layer", "6", "--n-head", "6", "--n-embd", "384", "--seq", "128", "--micro-batch",
             "4", "--device-budget", "192MiB", "--host-budget", "256MiB"],
@@ -258,16 +262,26 @@ def draw(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 6))
-    for model, mark in zip(sorted({x["model"] for x in rows}), "os^"):
+    models = sorted({x["model"] for x in rows})
+    marks = "os^Dv<>p"
+    if len(models) > len(marks):
+        raise SystemExit(f"plan-accuracy: {len(models)} models to draw, marks for {len(marks)}")
+    for model, mark in zip(models, marks):
         mine = [x for x in rows if x["model"] == model]
         ax.scatter([x["meas"] * 1e3 for x in mine], [x["pred"] * 1e3 for x in mine], marker=mark,
                    label=f"{model}, the plan's overlap choice")
         ax.scatter([x["meas_other"] * 1e3 for x in mine], [x["pred_other"] * 1e3 for x in mine], marker=mark,
                    facecolors="none", edgecolors="grey", label=f"{model}, the other way")
-    top = max(max(x["meas"], x["pred"], x["meas_other"], x["pred_other"]) for x in rows) * 1e3 * 1.1
-    ax.plot([0, top], [0, top], "k-", lw=0.8)
-    ax.plot([0, top], [0, top * 1.25], "k:", lw=0.6)
-    ax.plot([0, top], [0, top * 0.75], "k:", lw=0.6)
+    # Log axes: the models' steps span 80 ms to 2 s, and the ±25% lines stay parallel.
+    values = [v for x in rows for v in (x["meas"], x["pred"], x["meas_other"], x["pred_other"])]
+    low, top = min(values) * 1e3 * 0.8, max(values) * 1e3 * 1.3
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.plot([low, top], [low, top], "k-", lw=0.8)
+    ax.plot([low, top], [low * 1.25, top * 1.25], "k:", lw=0.6)
+    ax.plot([low, top], [low * 0.75, top * 0.75], "k:", lw=0.6)
+    ax.set_xlim(low, top)
+    ax.set_ylim(low, top)
     ax.set_xlabel("measured step (ms)")
     ax.set_ylabel("predicted step (ms)")
     ax.set_title("strata plan: predicted against measured (dotted: ±25%)")
