@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""The default (strata.overlap "auto") against both fixed settings, over a grid.
+"""The defaults (strata.overlap "auto", strata.optimizer_threads "auto") against fixed
+settings of both knobs, over a grid.
 
-For each configuration, `strata train --model mlp` runs three ways: the default, overlap
-fixed on, and overlap fixed off, in rotating order (the disk and the shared cores drift).
-A run's figure is the median step time over the steps after the default's trial
-(steps 7 to the end). The default should never be slower than the better fixed setting:
-the table gives auto / min(on, off) for each configuration.
+For each configuration, `strata train --model mlp` runs each way: the defaults; overlap
+on with the optimizer's speculative steps on 1 thread and on every core (where the
+configuration has a CPU optimizer); and overlap off. The ways run in rotating order (the
+disk and the shared cores drift). A run's figure is the median step time over the steps
+after the default's trial (steps 7 to the end). The defaults should never be slower than
+the best fixed setting: the table gives auto / min(fixed) for each configuration.
 
   bench/overlap-default.py [--strata build/src/strata] [--steps 16] [--rounds 1]
                            [--swap DIR] [--json OUT]
@@ -32,19 +34,24 @@ GRID = [
 FIRST_TIMED = 7  # steps 2-5 are the trial, 6 the first in the chosen mode
 
 
-def run(strata, params, flags, mode, steps, swap, on_config):
+def run(strata, params, flags, config, steps, swap):
     cmd = [strata, "train", "--model", "mlp", "--params", params, "--micro-batch", "16",
            "--steps", str(steps), "--nvme-path", swap, "--json"] + flags
-    if mode == "on":
-        cmd += ["--config", on_config]
-    elif mode == "off":
-        cmd += ["--no-overlap"]
+    if config is not None:
+        cmd += ["--config", config]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     report = json.loads(out)
     steps_run = report["steps"]
     timed = [s["seconds"] for s in steps_run if s["step"] >= FIRST_TIMED]
     modes = [s.get("overlapped") for s in steps_run if s["step"] >= FIRST_TIMED]
     return statistics.median(timed), modes
+
+
+def write_config(tmp, name, strata):
+    path = os.path.join(tmp, name + ".json")
+    with open(path, "w") as f:
+        json.dump({"strata": strata}, f)
+    return path
 
 
 def main():
@@ -55,30 +62,41 @@ def main():
     ap.add_argument("--swap", default=os.path.join(tempfile.gettempdir(), "strata-swap"))
     ap.add_argument("--json", default="")
     a = ap.parse_args()
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"strata": {"overlap": True}}, f)
-        on_config = f.name
+    tmp = tempfile.mkdtemp()
+    cores = os.cpu_count() or 1
+    ways = {
+        "auto": None,
+        "on, 1 thread": write_config(tmp, "on1", {"overlap": True, "optimizer_threads": 1}),
+        f"on, {cores} threads": write_config(tmp, "onall", {"overlap": True, "optimizer_threads": cores}),
+        "off": write_config(tmp, "off", {"overlap": False}),
+    }
     rows = []
     for params, flags in GRID:
-        times = {"auto": [], "on": [], "off": []}
+        cpu_optimizer = "cpu" in flags[flags.index("--offload-optimizer") + 1]
+        # The thread count is the CPU optimizer's: elsewhere the two "on" ways are one.
+        names = [w for w in ways if cpu_optimizer or "thread" not in w or w.startswith("on, 1")]
+        times = {w: [] for w in names}
         kept = None
         for r in range(a.rounds):
-            order = ["auto", "on", "off"]
-            order = order[r % 3:] + order[:r % 3]
-            for mode in order:
-                t, modes = run(a.strata, params, flags, mode, a.steps, a.swap, on_config)
-                times[mode].append(t)
-                if mode == "auto":
+            order = names[r % len(names):] + names[:r % len(names)]
+            for way in order:
+                t, modes = run(a.strata, params, flags, ways[way], a.steps, a.swap)
+                times[way].append(t)
+                if way == "auto":
                     kept = "on" if all(modes) else ("off" if not any(modes) else "mixed")
-        med = {m: statistics.median(v) for m, v in times.items()}
-        best = min(med["on"], med["off"])
-        row = {"params": params, "flags": " ".join(flags), "auto_s": med["auto"], "on_s": med["on"],
-               "off_s": med["off"], "auto_kept": kept, "auto_over_best": med["auto"] / best}
+        med = {w: statistics.median(v) for w, v in times.items()}
+        fixed = {w: t for w, t in med.items() if w != "auto"}
+        best = min(fixed, key=fixed.get)
+        row = {"params": params, "flags": " ".join(flags), "steps_s": med, "auto_kept": kept,
+               "best_fixed": best, "auto_over_best": med["auto"] / fixed[best]}
         rows.append(row)
-        print(f"{params:5} {row['flags']:70} on {med['on']*1e3:8.1f} ms  off {med['off']*1e3:8.1f} ms  "
-              f"auto {med['auto']*1e3:8.1f} ms (kept {kept})  auto/best {row['auto_over_best']:.2f}",
+        cells = "  ".join(f"{w} {t*1e3:7.1f} ms" for w, t in med.items())
+        print(f"{params:5} {row['flags']:62} {cells}  (auto kept {kept})  auto/best {row['auto_over_best']:.2f}",
               flush=True)
-    os.unlink(on_config)
+    for path in ways.values():
+        if path:
+            os.unlink(path)
+    os.rmdir(tmp)
     worst = max(r["auto_over_best"] for r in rows)
     print(f"worst auto/best: {worst:.2f}")
     if a.json:
