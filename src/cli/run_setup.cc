@@ -109,11 +109,15 @@ void PrintConfigSummary(const Config& c, const Origins& origin, const EngineLayo
               grads.c_str());
   if (c.zero.offload_optimizer.device == OffloadDevice::kNvme) {
     const std::string why = Origin(origin, "strata.optimizer_resident");
+    const int sets = l.optimizer_staging_sets;
+    const std::string rest = l.optimizer_resident_chunks >= l.num_chunks
+                                 ? "none on NVMe"
+                                 : "the rest on NVMe, stepped through " + std::to_string(sets) +
+                                       " staging set" + (sets == 1 ? "" : "s") + " of a piece each";
     std::printf(
-        "  optimizer state in pinned host memory: %d of %d chunks (%s), the rest on NVMe; "
-        "strata.optimizer_resident %s%s\n",
+        "  optimizer state in pinned host memory: %d of %d chunks (%s), %s; strata.optimizer_resident %s%s\n",
         l.optimizer_resident_chunks, l.num_chunks,
-        FormatBytes(12ull * l.optimizer_resident_chunks * l.shard_elems).c_str(),
+        FormatBytes(12ull * l.optimizer_resident_chunks * l.shard_elems).c_str(), rest.c_str(),
         c.strata.optimizer_resident < 0 ? "auto (what the host budget holds)"
                                         : FormatDouble("%g", c.strata.optimizer_resident).c_str(),
         why.c_str());

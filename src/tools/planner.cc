@@ -263,6 +263,7 @@ nlohmann::json ToJson(const PlanCandidate& c) {
                  {"optimizer_resident_chunks", l.optimizer_resident_chunks},
                  {"optimizer_device_chunks", l.optimizer_device_chunks},
                  {"gradient_resident_chunks", l.gradient_resident_chunks},
+                 {"optimizer_staging_sets", l.optimizer_staging_sets},
                  {"param_resident_chunks", l.param_resident_chunks},
                  {"param_device_chunks", l.param_device_chunks},
                  {"kept_chunks", l.kept_chunks},

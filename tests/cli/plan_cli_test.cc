@@ -68,6 +68,9 @@ TEST_F(PlanCli, JsonRanksWhatFitsFastestFirstWithItsMemoryAndTime) {
     EXPECT_GT(c["memory"]["device"].get<uint64_t>(), 0u);
     EXPECT_LE(c["memory"]["device"].get<uint64_t>(), 48ull << 20) << c["name"];
     EXPECT_LE(c["memory"]["host"].get<uint64_t>(), 256ull << 20) << c["name"];
+    // An NVMe optimizer's pipeline depth is in the layout: at least the fixed set.
+    const int sets = c["layout"]["optimizer_staging_sets"];
+    EXPECT_EQ(sets >= 1, c["offload_optimizer"] == "nvme") << c["name"] << ": " << sets << " staging sets";
   }
   EXPECT_GT(fits, 0);
   EXPECT_LT(fits, 14) << "48 MiB of device memory cannot hold the 2M model's state at stage 0";
