@@ -70,12 +70,10 @@ LaneWork PredictTraffic(const Config& c, int world_size, const EngineLayoutInfo&
   if (stage == 3 && par_dev == OffloadDevice::kNone) w.copy_bytes += chunks * opt * cs;
   if (opt_dev == OffloadDevice::kNvme) {
     const double on_disk = chunks - l.optimizer_resident_chunks;
-    w.nvme_read_bytes += on_disk * PieceBytesPerChunk(l, opt);
-    w.nvme_write_bytes += on_disk * PieceBytesPerChunk(l, opt);
-    if (on_disk > 0) {
-      w.nvme_state = {on_disk * PieceBytesPerChunk(l, opt), on_disk * PieceBytesPerChunk(l, opt),
-                      on_disk * opt, std::max(1, l.optimizer_staging_sets)};
-    }
+    const double state = on_disk * PieceBytesPerChunk(l, opt);  // read, and written back
+    w.nvme_read_bytes += state;
+    w.nvme_write_bytes += state;
+    if (on_disk > 0) w.nvme_state = {state, state, on_disk * opt, std::max(1, l.optimizer_staging_sets)};
     if (l.gradients_on_nvme) {
       // Each micro-batch's shard but the last is written and read back by the next one's
       // to add to. The last goes to a speculative step from its pinned buffer, and is

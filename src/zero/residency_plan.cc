@@ -55,9 +55,6 @@ ResidencyPlan PlanResidency(const ResidencyInputs& in) {
       std::max(fixed_count, in.grad_fraction < 0 || grad == 0 ? 0 : ResidentCount(n, in.grad_fraction));
   // The staging sets beyond the fixed one that the chunks left on disk want.
   auto pipeline = [&](int resident) { return (WantedSets(n - resident, in.pieces) - 1) * set; };
-  auto floor_sets = [&](int resident) {
-    return static_cast<uint64_t>(PipelineFloorSets(n - resident, in.pieces));
-  };
   // Pinned bytes beyond the fixed needs with `k` chunks resident and `kept` gradient
   // shards pinned (both prefixes of the same order).
   auto extra = [&](int k, int kept) {
@@ -72,17 +69,19 @@ ResidencyPlan PlanResidency(const ResidencyInputs& in) {
   };
   int count = fixed_count, kept = paid;
   if (auto_grads && in.grads_first) {
-    // Every gradient shard that fits, then the chunks whose state fits beside a full
-    // pipeline (their shards already paid for).
-    kept = largest(paid, n, [&](int j) { return extra(count, j) + floor_sets(count) * set <= in.room; });
+    // Every gradient shard that fits beside the pipeline's floor (kMinStagingSets), then
+    // the chunks whose state fits beside a full pipeline (their shards already paid for).
+    const uint64_t sets_left = PipelineFloorSets(n - count, in.pieces) * set;
+    kept = largest(paid, n, [&](int j) { return extra(count, j) + sets_left <= in.room; });
     if (auto_state) count = largest(0, kept, [&](int k) { return extra(k, kept) + pipeline(k) <= in.room; });
   } else {
     // The most chunks that fit beside the pipeline the rest then want; then gradient
-    // shards, which cut bytes on the disk where a deeper pipeline only hides them.
+    // shards beside its floor, which cut bytes on the disk where a deeper pipeline only
+    // hides them.
     if (auto_state) count = largest(0, n, [&](int k) { return extra(k, paid) + pipeline(k) <= in.room; });
     kept = std::max(paid, count);
-    if (auto_grads)
-      kept = largest(kept, n, [&](int j) { return extra(count, j) + floor_sets(count) * set <= in.room; });
+    const uint64_t sets_left = PipelineFloorSets(n - count, in.pieces) * set;
+    if (auto_grads) kept = largest(kept, n, [&](int j) { return extra(count, j) + sets_left <= in.room; });
   }
   uint64_t used = extra(count, kept);
   ResidencyPlan p;
